@@ -1,0 +1,44 @@
+# gspo_study — every target sets itself up: `make test` on a fresh clone needs no other step.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build by default (installs from local disk); GPU users: make install TORCH_SPEC='torch>=2.6'
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev
+STAMP := $(VENV)/.install-stamp-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | md5sum | cut -c1-8)
+SCALE ?= cpu
+SEEDS ?=
+PORT ?= 5000
+export PYTHONHASHSEED := 0
+
+.PHONY: install test lint coldstart mlflow-ui clean bench report
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q '$(TORCH_SPEC)'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]' '$(TORCH_SPEC)'
+	@rm -f $(VENV)/.install-stamp-*
+	@touch $@
+
+test: install
+	$(PY) -m pytest tests
+
+lint: install
+	$(PY) -m ruff check gspo_study analysis tests benchmarks
+	$(PY) -m ruff format --check gspo_study analysis tests benchmarks
+
+coldstart: install
+	$(PY) -m gspo_study sft experiments/$(SCALE)/coldstart.yaml
+	$(PY) -m gspo_study eval --checkpoint results/$(SCALE)/checkpoints/coldstart --config experiments/$(SCALE)/coldstart.yaml
+
+mlflow-ui: install
+	@echo "Runs table: http://127.0.0.1:$(PORT)/#/experiments/<id>/runs   charts: .../#/experiments/<id>/chart"
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port $(PORT)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache results/smoke
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

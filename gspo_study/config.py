@@ -1,0 +1,296 @@
+"""Typed configuration: dataclasses are the schema, YAML files carry only what differs from their base.
+
+A YAML file may name a base with `base: other.yaml` (a path relative to the file); the chain is merged
+onto the dataclass defaults with OmegaConf, then `key.sub=value` overrides from the command line.
+Every mistake becomes a `ConfigError` whose one-line message names the bad key or value and what is
+allowed; an unknown key suggests the closest valid one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; the message is one line meant for the user."""
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "qwen3-moe-tiny"  # tiny preset name (see gspo_study.models.PRESETS) when `path` is unset
+    path: str | None = None  # local Hugging Face Qwen3-MoE directory; overrides `preset`
+    num_hidden_layers: int | None = None  # preset override: depth (for depth ablations)
+    num_experts: int | None = None  # preset override: experts per MoE layer
+    num_experts_per_tok: int | None = None  # preset override: active experts per token
+    experts_implementation: str = "grouped_mm"  # transformers experts kernel: grouped_mm (fastest on CPU) | eager | batched_mm
+    dtype: str = "float32"  # training dtype: float32 | bfloat16
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arith"  # registered task: arith | math_file
+    num_terms: int = 3  # arith: numbers summed per problem
+    digits: int = 2  # arith: digits per number
+    path: str | None = None  # math_file: local .jsonl or .parquet with {prompt, answer} records
+    eval_path: str | None = None  # math_file: held-out file (default: a split of `path`)
+    num_eval: int = 200  # held-out prompts used for evaluation
+    prompt_template: str = "{prompt}"  # math_file: how a record's prompt is shown to the model
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 600  # optimizer steps of cold-start supervised fine-tuning
+    batch_size: int = 128  # traces per step
+    lr: float = 3e-3  # AdamW peak learning rate
+    warmup_steps: int = 20  # linear warm-up, then cosine decay to 10%
+    weight_decay: float = 0.0  # AdamW weight decay
+    output: str = "coldstart"  # checkpoint name under <results>/checkpoints/
+
+
+@dataclass
+class AlgoConfig:
+    objective: str = "gspo"  # registered objective: gspo | grpo | gspo_token | cispo ...
+    clip_low: float | None = None  # ε_low; None takes the objective's paper default
+    clip_high: float | None = None  # ε_high; None takes the objective's paper default
+    aggregation: str = "seq_mean"  # seq_mean (paper: token mean per response, mean over responses) | token_mean (DAPO)
+    routing_replay: str = "none"  # none | r2 (replay π_old's routing) | r3 (replay the rollout's routing)
+    old_logprobs: str = "recompute"  # recompute (training engine) | rollout (rollout engine's, §5.4)
+    advantage_eps: float = 1e-6  # added to the group std in Â = (r - mean) / (std + eps)
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # hf (KV-cached sampling in PyTorch) | vllm (GPU)
+    group_size: int = 8  # G responses per prompt
+    prompts_per_step: int = 16  # prompts per rollout batch
+    max_new_tokens: int = 40  # response length cap (truncated responses score 0)
+    temperature: float = 1.0  # sampling temperature
+    dtype: str = "float32"  # rollout engine dtype: float32 | bfloat16 (precision-mismatch study, §5.4)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100  # RL steps (rollout batches)
+    lr: float = 2e-5  # AdamW learning rate
+    warmup_steps: int = 0  # linear warm-up steps
+    num_minibatches: int = 4  # updates per rollout batch (§5.1: 4, so updates 2-4 are off-policy)
+    micro_batch_size: int | None = None  # sequences per forward/backward (None: whole minibatch)
+    grad_clip: float = 1.0  # max global grad norm
+    weight_decay: float = 0.0  # AdamW weight decay
+    backend: str = "torch"  # torch (one process) | deepspeed (ZeRO, many ranks)
+    zero_stage: int = 2  # deepspeed ZeRO stage: 2 | 3
+    max_nonfinite_updates: int = 3  # stop after this many consecutive skipped non-finite updates
+    checkpoint_every: int = 10  # steps between checkpoints (0: only at the end)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10  # steps between evaluations (0: only at start and end)
+    num_prompts: int = 200  # held-out prompts
+    samples: int = 4  # samples per prompt for mean pass@1 (the paper's avg@K)
+    batch_size: int = 256  # sequences generated at once
+
+
+@dataclass
+class TrackingConfig:
+    uri: str | None = None  # MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite under results/)
+    experiment: str = "gspo_study"  # MLflow experiment (one per study)
+    run_name: str | None = None  # default derived from the config, e.g. gspo-nr-s1
+    log_samples_every: int = 10  # steps between sample-completion artifacts
+
+
+@dataclass
+class Config:
+    scale: str = "cpu"  # smoke | cpu | paper (results go to results/<scale>/)
+    seed: int = 1  # one seed drives prompts, sampling and init
+    results_dir: str = "results"  # root of generated outputs
+    init_checkpoint: str | None = None  # RL starts from this checkpoint (default: <results>/<scale>/checkpoints/coldstart)
+    threads: int | None = None  # torch intra-op threads (None: torch default)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.results_dir) / self.scale
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "scale": ("smoke", "cpu", "paper"),
+    "model.dtype": ("float32", "bfloat16"),
+    "model.experts_implementation": ("eager", "batched_mm", "grouped_mm"),
+    "algo.aggregation": ("seq_mean", "token_mean"),
+    "algo.routing_replay": ("none", "r2", "r3"),
+    "algo.old_logprobs": ("recompute", "rollout"),
+    "rollout.engine": ("hf", "vllm"),
+    "rollout.dtype": ("float32", "bfloat16"),
+    "train.backend": ("torch", "deepspeed"),
+    "train.zero_stage": (2, 3),
+}
+
+
+def _valid_keys(schema: Any, prefix: str = "") -> list[str]:
+    keys = []
+    for f in fields(schema):
+        key = prefix + f.name
+        keys.append(key)
+        default = getattr(schema, f.name, None) if not isinstance(schema, type) else None
+        sub = f.default_factory() if f.default_factory is not MISSING and callable(f.default_factory) else default
+        if is_dataclass(sub):
+            keys.extend(_valid_keys(sub, key + "."))
+    return keys
+
+
+def _closest(key: str) -> str:
+    keys = _valid_keys(Config)
+    leaf = key.split(".")[-1]
+    best = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    if not best:
+        by_leaf = {k.split(".")[-1]: k for k in keys}
+        best = [by_leaf[m] for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)]
+    return f"; did you mean '{best[0]}'?" if best else ""
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
+    """The chain of YAML dicts, base first."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in seen:
+        raise ConfigError(f"config inheritance cycle at {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
+    base = data.pop("base", None)
+    chain = _read_yaml(path.parent / base, (*seen, path.resolve())) if base else []
+    return [*chain, data]
+
+
+def _merge(node: DictConfig, data: Any, where: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(node, data)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_explain(exc, where)) from None
+
+
+def _explain(exc: OmegaConfBaseException, where: str) -> str:
+    key = getattr(exc, "full_key", None) or ""
+    msg = str(exc).splitlines()[0]
+    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        return f"{where}: unknown config key '{key}'{_closest(key)}"
+    value = getattr(exc, "value", None) if hasattr(exc, "value") else None
+    ref = getattr(exc, "ref_type", None)
+    want = getattr(ref, "__name__", None) or str(ref or "")
+    if key:
+        return f"{where}: bad value {value!r} for '{key}' ({msg}){' — expected ' + want if want else ''}"
+    return f"{where}: {msg}"
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' is not of the form key.sub=value")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults ← YAML chain (base first) ← `key.sub=value` overrides, validated."""
+    node = OmegaConf.structured(Config)
+    if path is not None:
+        for data in _read_yaml(Path(path)):
+            node = _merge(node, data, str(path))
+    for item in overrides:
+        key, value = _parse_override(item)
+        dotted = OmegaConf.create({})
+        OmegaConf.update(dotted, key, value, force_add=True)
+        node = _merge(node, dotted, f"override '{item}'")
+    cfg: Config = OmegaConf.to_object(node)  # type: ignore[assignment]
+    validate(cfg)
+    return cfg
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    obj: Any = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: Config) -> None:
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        _require(value in allowed, f"bad value {value!r} for '{key}'; allowed: {', '.join(map(str, allowed))}")
+    from gspo_study.objectives import OBJECTIVES
+    from gspo_study.tasks import TASKS
+
+    _require(cfg.algo.objective in OBJECTIVES,
+             f"bad value {cfg.algo.objective!r} for 'algo.objective'; allowed: {', '.join(sorted(OBJECTIVES))}")
+    _require(cfg.task.name in TASKS, f"bad value {cfg.task.name!r} for 'task.name'; allowed: {', '.join(sorted(TASKS))}")
+    if cfg.model.path is None:
+        from gspo_study.models import PRESETS
+
+        _require(cfg.model.preset in PRESETS,
+                 f"bad value {cfg.model.preset!r} for 'model.preset'; allowed: {', '.join(PRESETS)}")
+    for key in ("algo.clip_low", "algo.clip_high"):
+        v = _get(cfg, key)
+        _require(v is None or 0 <= v < 10, f"bad value {v!r} for '{key}'; allowed: a number in [0, 10)")
+    if cfg.algo.clip_low is not None:
+        _require(cfg.algo.clip_low < 1, f"bad value {cfg.algo.clip_low!r} for 'algo.clip_low'; allowed: [0, 1)")
+    r, t = cfg.rollout, cfg.train
+    _require(r.group_size >= 2, f"bad value {r.group_size} for 'rollout.group_size'; allowed: an integer >= 2 (group advantages need a spread)")
+    _require(r.prompts_per_step >= 1, f"bad value {r.prompts_per_step} for 'rollout.prompts_per_step'; allowed: an integer >= 1")
+    _require(r.max_new_tokens >= 1, f"bad value {r.max_new_tokens} for 'rollout.max_new_tokens'; allowed: an integer >= 1")
+    _require(r.temperature > 0, f"bad value {r.temperature} for 'rollout.temperature'; allowed: a number > 0")
+    batch = r.group_size * r.prompts_per_step
+    _require(t.num_minibatches >= 1 and batch % t.num_minibatches == 0,
+             f"bad value {t.num_minibatches} for 'train.num_minibatches'; allowed: a divisor of the rollout batch "
+             f"(group_size x prompts_per_step = {batch})")
+    if t.micro_batch_size is not None:
+        _require(t.micro_batch_size >= 1, f"bad value {t.micro_batch_size} for 'train.micro_batch_size'; allowed: an integer >= 1")
+    _require(t.lr > 0 and cfg.sft.lr > 0, f"bad learning rate (train.lr={t.lr}, sft.lr={cfg.sft.lr}); allowed: a number > 0")
+    _require(t.steps >= 0 and cfg.sft.steps >= 0, f"bad step count (train.steps={t.steps}, sft.steps={cfg.sft.steps}); allowed: >= 0")
+    _require(t.grad_clip > 0, f"bad value {t.grad_clip} for 'train.grad_clip'; allowed: a number > 0")
+    _require(cfg.eval.samples >= 1, f"bad value {cfg.eval.samples} for 'eval.samples'; allowed: an integer >= 1")
+
+
+def to_flat_dict(cfg: Config) -> dict[str, Any]:
+    """`{"algo.objective": "gspo", ...}` for MLflow params and run identity."""
+    def walk(obj: Any, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(obj):
+            v = getattr(obj, f.name)
+            if is_dataclass(v):
+                out.update(walk(v, prefix + f.name + "."))
+            else:
+                out[prefix + f.name] = v
+        return out
+
+    return walk(cfg, "")
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

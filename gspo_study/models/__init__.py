@@ -1,0 +1,14 @@
+"""Qwen3-MoE models: tiny presets built from `Qwen3MoeConfig`, local HF checkpoints, and the tokenizer."""
+
+from gspo_study.models.checkpoint import load_pretrained, save_pretrained
+from gspo_study.models.presets import PRESETS, build_model, moe_layer_indices
+from gspo_study.models.tokenizer import build_char_tokenizer
+
+__all__ = [
+    "PRESETS",
+    "build_model",
+    "moe_layer_indices",
+    "build_char_tokenizer",
+    "load_pretrained",
+    "save_pretrained",
+]

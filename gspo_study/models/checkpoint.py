@@ -1,0 +1,85 @@
+"""Standard HF checkpoint directories (safetensors + config + tokenizer), written atomically.
+
+A checkpoint is first written to a temporary sibling directory and renamed into place, so a killed
+process never leaves a half-written checkpoint under the final name. Loading uses safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, Qwen3MoeForCausalLM
+
+COMPLETE_MARKER = "CHECKPOINT_COMPLETE"
+
+
+class CheckpointError(ValueError):
+    """A model path that is missing, incomplete, or not a Qwen3-MoE checkpoint."""
+
+
+def save_pretrained(model, tokenizer, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write `model` + `tokenizer` (+ `extra` tensors/JSON files) to `path` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for p in model.parameters():
+        if not torch.isfinite(p).all():
+            raise CheckpointError(f"refusing to write checkpoint {path}: model has non-finite weights")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for name, obj in (extra or {}).items():
+            if name.endswith(".json"):
+                (tmp / name).write_text(json.dumps(obj, indent=1, sort_keys=True))
+            else:
+                torch.save(obj, tmp / name)
+        (tmp / COMPLETE_MARKER).write_text("ok\n")
+        old = path.with_name(f".{path.name}.old")
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def is_complete(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / COMPLETE_MARKER).is_file() or (
+        (path / "config.json").is_file() and any(path.glob("*.safetensors")) and not (path / ".partial").exists()
+    )
+
+
+def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32, experts_implementation: str | None = None):
+    """(model, tokenizer) from a local Qwen3-MoE directory; a clear error for anything else."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"model path not found: {path}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{path} is not a Hugging Face checkpoint (no config.json)")
+    try:
+        model_type = json.loads(cfg_file.read_text()).get("model_type")
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{cfg_file} is not valid JSON") from None
+    if model_type != "qwen3_moe":
+        raise CheckpointError(f"{path} holds model_type {model_type!r}; a Qwen3-MoE checkpoint ('qwen3_moe') is required")
+    if not is_complete(path):
+        raise CheckpointError(f"{path} is an incomplete checkpoint (no weights or completion marker)")
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if experts_implementation:
+        kwargs["experts_implementation"] = experts_implementation
+    model = Qwen3MoeForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
