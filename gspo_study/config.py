@@ -30,7 +30,9 @@ class ModelConfig:
     num_hidden_layers: int | None = None  # preset override: depth (for depth ablations)
     num_experts: int | None = None  # preset override: experts per MoE layer
     num_experts_per_tok: int | None = None  # preset override: active experts per token
-    experts_implementation: str = "grouped_mm"  # transformers experts kernel: grouped_mm (fastest on CPU) | eager | batched_mm
+    experts_implementation: str = (
+        "grouped_mm"  # transformers experts kernel: grouped_mm (fastest on CPU) | eager | batched_mm
+    )
     dtype: str = "float32"  # training dtype: float32 | bfloat16
 
 
@@ -60,7 +62,9 @@ class AlgoConfig:
     objective: str = "gspo"  # registered objective: gspo | grpo | gspo_token | cispo ...
     clip_low: float | None = None  # ε_low; None takes the objective's paper default
     clip_high: float | None = None  # ε_high; None takes the objective's paper default
-    aggregation: str = "seq_mean"  # seq_mean (paper: token mean per response, mean over responses) | token_mean (DAPO)
+    aggregation: str = (
+        "seq_mean"  # seq_mean (paper: token mean per response, mean over responses) | token_mean (DAPO)
+    )
     routing_replay: str = "none"  # none | r2 (replay π_old's routing) | r3 (replay the rollout's routing)
     old_logprobs: str = "recompute"  # recompute (training engine) | rollout (rollout engine's, §5.4)
     advantage_eps: float = 1e-6  # added to the group std in Â = (r - mean) / (std + eps)
@@ -112,7 +116,9 @@ class Config:
     scale: str = "cpu"  # smoke | cpu | paper (results go to results/<scale>/)
     seed: int = 1  # one seed drives prompts, sampling and init
     results_dir: str = "results"  # root of generated outputs
-    init_checkpoint: str | None = None  # RL starts from this checkpoint (default: <results>/<scale>/checkpoints/coldstart)
+    init_checkpoint: str | None = (
+        None  # RL starts from this checkpoint (default: <results>/<scale>/checkpoints/coldstart)
+    )
     threads: int | None = None  # torch intra-op threads (None: torch default)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -148,7 +154,11 @@ def _valid_keys(schema: Any, prefix: str = "") -> list[str]:
         key = prefix + f.name
         keys.append(key)
         default = getattr(schema, f.name, None) if not isinstance(schema, type) else None
-        sub = f.default_factory() if f.default_factory is not MISSING and callable(f.default_factory) else default
+        sub = (
+            f.default_factory()
+            if f.default_factory is not MISSING and callable(f.default_factory)
+            else default
+        )
         if is_dataclass(sub):
             keys.extend(_valid_keys(sub, key + "."))
     return keys
@@ -243,42 +253,76 @@ def _require(ok: bool, message: str) -> None:
 def validate(cfg: Config) -> None:
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
-        _require(value in allowed, f"bad value {value!r} for '{key}'; allowed: {', '.join(map(str, allowed))}")
+        _require(
+            value in allowed, f"bad value {value!r} for '{key}'; allowed: {', '.join(map(str, allowed))}"
+        )
     from gspo_study.objectives import OBJECTIVES
     from gspo_study.tasks import TASKS
 
-    _require(cfg.algo.objective in OBJECTIVES,
-             f"bad value {cfg.algo.objective!r} for 'algo.objective'; allowed: {', '.join(sorted(OBJECTIVES))}")
-    _require(cfg.task.name in TASKS, f"bad value {cfg.task.name!r} for 'task.name'; allowed: {', '.join(sorted(TASKS))}")
+    _require(
+        cfg.algo.objective in OBJECTIVES,
+        f"bad value {cfg.algo.objective!r} for 'algo.objective'; allowed: {', '.join(sorted(OBJECTIVES))}",
+    )
+    _require(
+        cfg.task.name in TASKS,
+        f"bad value {cfg.task.name!r} for 'task.name'; allowed: {', '.join(sorted(TASKS))}",
+    )
     if cfg.model.path is None:
         from gspo_study.models import PRESETS
 
-        _require(cfg.model.preset in PRESETS,
-                 f"bad value {cfg.model.preset!r} for 'model.preset'; allowed: {', '.join(PRESETS)}")
+        _require(
+            cfg.model.preset in PRESETS,
+            f"bad value {cfg.model.preset!r} for 'model.preset'; allowed: {', '.join(PRESETS)}",
+        )
     for key in ("algo.clip_low", "algo.clip_high"):
         v = _get(cfg, key)
         _require(v is None or 0 <= v < 10, f"bad value {v!r} for '{key}'; allowed: a number in [0, 10)")
     if cfg.algo.clip_low is not None:
-        _require(cfg.algo.clip_low < 1, f"bad value {cfg.algo.clip_low!r} for 'algo.clip_low'; allowed: [0, 1)")
+        _require(
+            cfg.algo.clip_low <= 1, f"bad value {cfg.algo.clip_low!r} for 'algo.clip_low'; allowed: [0, 1]"
+        )
     r, t = cfg.rollout, cfg.train
-    _require(r.group_size >= 2, f"bad value {r.group_size} for 'rollout.group_size'; allowed: an integer >= 2 (group advantages need a spread)")
-    _require(r.prompts_per_step >= 1, f"bad value {r.prompts_per_step} for 'rollout.prompts_per_step'; allowed: an integer >= 1")
-    _require(r.max_new_tokens >= 1, f"bad value {r.max_new_tokens} for 'rollout.max_new_tokens'; allowed: an integer >= 1")
+    _require(
+        r.group_size >= 2,
+        f"bad value {r.group_size} for 'rollout.group_size'; allowed: an integer >= 2 (group advantages need a spread)",
+    )
+    _require(
+        r.prompts_per_step >= 1,
+        f"bad value {r.prompts_per_step} for 'rollout.prompts_per_step'; allowed: an integer >= 1",
+    )
+    _require(
+        r.max_new_tokens >= 1,
+        f"bad value {r.max_new_tokens} for 'rollout.max_new_tokens'; allowed: an integer >= 1",
+    )
     _require(r.temperature > 0, f"bad value {r.temperature} for 'rollout.temperature'; allowed: a number > 0")
     batch = r.group_size * r.prompts_per_step
-    _require(t.num_minibatches >= 1 and batch % t.num_minibatches == 0,
-             f"bad value {t.num_minibatches} for 'train.num_minibatches'; allowed: a divisor of the rollout batch "
-             f"(group_size x prompts_per_step = {batch})")
+    _require(
+        t.num_minibatches >= 1 and batch % t.num_minibatches == 0,
+        f"bad value {t.num_minibatches} for 'train.num_minibatches'; allowed: a divisor of the rollout batch "
+        f"(group_size x prompts_per_step = {batch})",
+    )
     if t.micro_batch_size is not None:
-        _require(t.micro_batch_size >= 1, f"bad value {t.micro_batch_size} for 'train.micro_batch_size'; allowed: an integer >= 1")
-    _require(t.lr > 0 and cfg.sft.lr > 0, f"bad learning rate (train.lr={t.lr}, sft.lr={cfg.sft.lr}); allowed: a number > 0")
-    _require(t.steps >= 0 and cfg.sft.steps >= 0, f"bad step count (train.steps={t.steps}, sft.steps={cfg.sft.steps}); allowed: >= 0")
+        _require(
+            t.micro_batch_size >= 1,
+            f"bad value {t.micro_batch_size} for 'train.micro_batch_size'; allowed: an integer >= 1",
+        )
+    _require(
+        t.lr > 0 and cfg.sft.lr > 0,
+        f"bad learning rate (train.lr={t.lr}, sft.lr={cfg.sft.lr}); allowed: a number > 0",
+    )
+    _require(
+        t.steps >= 0 and cfg.sft.steps >= 0,
+        f"bad step count (train.steps={t.steps}, sft.steps={cfg.sft.steps}); allowed: >= 0",
+    )
     _require(t.grad_clip > 0, f"bad value {t.grad_clip} for 'train.grad_clip'; allowed: a number > 0")
-    _require(cfg.eval.samples >= 1, f"bad value {cfg.eval.samples} for 'eval.samples'; allowed: an integer >= 1")
+    _require(
+        cfg.eval.samples >= 1, f"bad value {cfg.eval.samples} for 'eval.samples'; allowed: an integer >= 1"
+    )
 
 
 def to_flat_dict(cfg: Config) -> dict[str, Any]:
     """`{"algo.objective": "gspo", ...}` for MLflow params and run identity."""
+
     def walk(obj: Any, prefix: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(obj):

@@ -54,11 +54,15 @@ def save_pretrained(model, tokenizer, path: str | Path, extra: dict[str, Any] | 
 def is_complete(path: str | Path) -> bool:
     path = Path(path)
     return (path / COMPLETE_MARKER).is_file() or (
-        (path / "config.json").is_file() and any(path.glob("*.safetensors")) and not (path / ".partial").exists()
+        (path / "config.json").is_file()
+        and any(path.glob("*.safetensors"))
+        and not (path / ".partial").exists()
     )
 
 
-def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32, experts_implementation: str | None = None):
+def load_pretrained(
+    path: str | Path, dtype: torch.dtype = torch.float32, experts_implementation: str | None = None
+):
     """(model, tokenizer) from a local Qwen3-MoE directory; a clear error for anything else."""
     path = Path(path)
     if not path.is_dir():
@@ -71,7 +75,9 @@ def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32, expert
     except json.JSONDecodeError:
         raise CheckpointError(f"{cfg_file} is not valid JSON") from None
     if model_type != "qwen3_moe":
-        raise CheckpointError(f"{path} holds model_type {model_type!r}; a Qwen3-MoE checkpoint ('qwen3_moe') is required")
+        raise CheckpointError(
+            f"{path} holds model_type {model_type!r}; a Qwen3-MoE checkpoint ('qwen3_moe') is required"
+        )
     if not is_complete(path):
         raise CheckpointError(f"{path} is an incomplete checkpoint (no weights or completion marker)")
     kwargs: dict[str, Any] = {"dtype": dtype}

@@ -50,7 +50,9 @@ COMMON: dict[str, Any] = dict(
 )
 
 
-def build_config(preset: str, vocab_size: int, special_ids: dict[str, int], **overrides: Any) -> Qwen3MoeConfig:
+def build_config(
+    preset: str, vocab_size: int, special_ids: dict[str, int], **overrides: Any
+) -> Qwen3MoeConfig:
     """A `Qwen3MoeConfig` for a preset; `None` overrides are ignored."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; allowed: {', '.join(PRESETS)}")
@@ -61,7 +63,9 @@ def build_config(preset: str, vocab_size: int, special_ids: dict[str, int], **ov
 def build_model(preset: str, tokenizer, seed: int, **overrides: Any) -> Qwen3MoeForCausalLM:
     """A freshly initialised preset model (deterministic for a seed), sized to the tokenizer."""
     special = dict(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     impl = overrides.pop("experts_implementation", None)
     config = build_config(preset, len(tokenizer), special, **overrides)

@@ -1,0 +1,5 @@
+import sys
+
+from gspo_study.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""`python -m gspo_study {sft,train,eval}`: the command line.
+
+Every user mistake (bad config key or value, missing file, wrong checkpoint) ends with a one-line
+message on stderr and exit status 2 — no traceback, nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gspo_study.config import ConfigError, load_config
+from gspo_study.models.checkpoint import CheckpointError
+from gspo_study.tasks import TaskDataError
+
+USER_ERRORS = (ConfigError, CheckpointError, TaskDataError)
+
+
+def _cmd_sft(args) -> None:
+    from gspo_study.sft import run_sft
+
+    run_sft(load_config(args.config, args.overrides))
+
+
+def _cmd_train(args) -> None:
+    from gspo_study.trainer import train
+
+    train(load_config(args.config, args.overrides))
+
+
+def _cmd_eval(args) -> None:
+    from gspo_study.evaluate import evaluate
+    from gspo_study.runtime import load_policy, seed_everything
+    from gspo_study.tasks import get_task
+
+    overrides = list(args.overrides) + ([f"task.name={args.task}"] if args.task else [])
+    cfg = load_config(args.config, overrides)
+    seed_everything(cfg.seed, cfg.threads)
+    model, tokenizer = load_policy(cfg, path=args.checkpoint)
+    result = evaluate(
+        model,
+        tokenizer,
+        get_task(cfg.task),
+        num_prompts=args.num_prompts or cfg.eval.num_prompts,
+        samples=args.samples or cfg.eval.samples,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        seed=cfg.seed,
+        batch_size=cfg.eval.batch_size,
+        temperature=cfg.rollout.temperature,
+    )
+    result["checkpoint"] = args.checkpoint
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"{args.checkpoint}: pass@1 {result['pass@1']:.3f} ± {result['stderr']:.3f} "
+            f"({result['n_prompts']} prompts × {result['samples']} samples), greedy {result['greedy']:.3f}"
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gspo_study", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, fn, text in (
+        ("sft", _cmd_sft, "cold-start supervised fine-tuning"),
+        ("train", _cmd_train, "RL training"),
+    ):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("config", help="experiment YAML file")
+        s.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+        s.set_defaults(fn=fn)
+    e = sub.add_parser("eval", help="held-out mean pass@1 of a checkpoint")
+    e.add_argument("--checkpoint", required=True, help="local checkpoint directory")
+    e.add_argument("--task", help="task name (default: the config's)")
+    e.add_argument("--samples", type=int, help="samples per prompt K (default: eval.samples)")
+    e.add_argument("--num-prompts", type=int, help="held-out prompts (default: eval.num_prompts)")
+    e.add_argument("--config", help="experiment YAML for task and generation settings")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    e.set_defaults(fn=_cmd_eval)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

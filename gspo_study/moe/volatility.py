@@ -1,0 +1,98 @@
+"""Routing telemetry: expert volatility between two traces, and train–inference probability mismatch.
+
+Formulas are listed in docs/metrics_moe.md. Every reduction runs over valid tokens only, selected with
+`torch.where` (padding may hold garbage, even NaN), and denominators are the whole batch's counts.
+An empty selection gives 0.0 rather than NaN so logging never breaks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from gspo_study.moe.trace import RoutingTrace
+
+# exp(±50) is finite in float64, and a token that far off is extreme under any threshold anyway.
+_MAX_LOG_RATIO = 50.0
+
+
+def _valid_mask(mask: torch.Tensor | None, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {tuple(shape)}")
+    return mask.to(device=device, dtype=torch.bool)
+
+
+def changed_choices(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """[B, T] count of experts in each token's new top-k set that are not in its old set (order-free)."""
+    kept = (new.unsqueeze(-1) == old.unsqueeze(-2)).any(dim=-1).sum(dim=-1)
+    return new.shape[-1] - kept
+
+
+@torch.no_grad()
+def routing_volatility(
+    trace_old: RoutingTrace, trace_new: RoutingTrace, mask: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Share of activated (token, layer, expert) choices that differ between two traces of one batch.
+
+    Returns "overall", "tokens_any_changed" (share of valid tokens whose set changed in ≥1 MoE layer) and
+    "layer_XX" per MoE layer (XX = decoder layer index). `mask` [B, T] marks valid trace positions.
+    """
+    if trace_old.layers != trace_new.layers or trace_old.shape != trace_new.shape:
+        raise ValueError(f"routing traces differ in layers or shape: {trace_old!r} vs {trace_new!r}")
+    batch, seq, k = trace_old.shape
+    device = trace_old.device
+    valid = _valid_mask(mask, (batch, seq), device)
+    n_valid = int(valid.sum())
+    any_changed = torch.zeros(batch, seq, dtype=torch.bool, device=device)
+    per_layer: dict[str, float] = {}
+    total = 0
+    for layer in trace_old.layers:
+        changed = changed_choices(trace_old.layer(layer), trace_new.layer(layer).to(device))
+        changed = torch.where(valid, changed, 0)
+        any_changed |= changed > 0
+        n_changed = int(changed.sum())
+        total += n_changed
+        per_layer[f"layer_{layer:02d}"] = _share(n_changed, k * n_valid)
+    return {
+        "overall": _share(total, k * n_valid * len(per_layer)),
+        "tokens_any_changed": _share(int(any_changed.sum()), n_valid),
+        **per_layer,
+    }
+
+
+@torch.no_grad()
+def mismatch_metrics(
+    train_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    taus: Sequence[float] = (2.0, 10.0),
+) -> dict[str, float]:
+    """Train–inference mismatch on the sampled tokens (R3 paper's metrics).
+
+    With r = p_train / p_rollout per valid token (tokens were sampled by the rollout policy):
+    "k3" = mean(r − 1 − log r), an unbiased, non-negative estimate of KL(rollout ‖ train);
+    "f_tau_<τ>" = share of tokens with max(r, 1/r) > τ, i.e. |log r| > log τ.
+    """
+    if train_logprobs.shape != rollout_logprobs.shape:
+        raise ValueError(
+            f"log-prob shapes differ: {tuple(train_logprobs.shape)} vs {tuple(rollout_logprobs.shape)}"
+        )
+    device = train_logprobs.device
+    valid = _valid_mask(mask, tuple(train_logprobs.shape), device)
+    n_valid = int(valid.sum())
+    log_r = torch.where(valid, train_logprobs.double() - rollout_logprobs.to(device).double(), 0.0)
+    log_r = log_r.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    k3 = torch.where(valid, torch.expm1(log_r) - log_r, 0.0)  # expm1: exact near r = 1
+    stats = {"k3": _share(float(k3.sum()), n_valid)}
+    for tau in taus:
+        extreme = valid & (log_r.abs() > math.log(tau))
+        stats[f"f_tau_{tau:g}"] = _share(int(extreme.sum()), n_valid)
+    return stats
+
+
+def _share(num: float, den: int) -> float:
+    return float(num) / den if den else 0.0

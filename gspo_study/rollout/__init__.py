@@ -1,0 +1,20 @@
+"""Rollout engines: `hf` (KV-cached sampling on the HF model, CPU or GPU) and `vllm` (GPU, optional extra)."""
+
+from __future__ import annotations
+
+from gspo_study.rollout.base import RolloutBatch, position_ids_from_mask
+from gspo_study.rollout.hf import HFEngine, encode_prompts
+
+
+def make_engine(name: str, model, tokenizer, dtype: str = "float32"):
+    """The rollout engine named in `rollout.engine`."""
+    if name == "hf":
+        return HFEngine(model, tokenizer, dtype=dtype)
+    if name == "vllm":
+        from gspo_study.rollout.vllm_engine import VLLMEngine  # optional GPU extra
+
+        return VLLMEngine(model, tokenizer, dtype=dtype)
+    raise ValueError(f"unknown rollout engine {name!r}; allowed: hf, vllm")
+
+
+__all__ = ["RolloutBatch", "HFEngine", "make_engine", "encode_prompts", "position_ids_from_mask"]

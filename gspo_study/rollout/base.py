@@ -1,0 +1,78 @@
+"""The rollout batch every engine returns, and the token layout the whole trainer shares.
+
+Layout (B sequences, L = P + N positions): `sequences[b]` is the left-padded prompt (P positions) then the
+response (N positions, pad after EOS). Log-prob tensors are aligned with the *targets* `sequences[:, 1:]`
+(L - 1 positions): entry t is log π(sequences[t + 1] | sequences[≤ t]). A forward over `sequences[:, :-1]`
+produces exactly those positions, which is also what KV-cached generation feeds through the model (the
+last sampled token never is) — so a routing trace recorded during generation (R3) lines up with the
+training forward position for position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, used identically by generation and training forwards."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class RolloutBatch:
+    sequences: torch.Tensor  # [B, L] long: left-padded prompt ++ response (pad after EOS)
+    attention_mask: torch.Tensor  # [B, L] long: 1 on prompt and response tokens (EOS included)
+    response_mask: torch.Tensor  # [B, L-1] bool: target position is a response token
+    rollout_logprobs: torch.Tensor  # [B, L-1] float32: the engine's log-prob of each target (0 off-response)
+    response_texts: list[str]  # decoded responses, EOS and padding removed
+    truncated: torch.Tensor  # [B] bool: no EOS within max_new_tokens
+    prompt_len: int  # P
+    routing: object | None = None  # RoutingTrace over the L-1 fed positions (R3), when recorded
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
+
+    def select(self, idx: torch.Tensor) -> RolloutBatch:
+        """The sub-batch of rows `idx` (a LongTensor), routing trace included."""
+        rows = idx.tolist()
+        return replace(
+            self,
+            sequences=self.sequences[idx],
+            attention_mask=self.attention_mask[idx],
+            response_mask=self.response_mask[idx],
+            rollout_logprobs=self.rollout_logprobs[idx],
+            response_texts=[self.response_texts[i] for i in rows],
+            truncated=self.truncated[idx],
+            routing=self.routing.select(idx) if self.routing is not None else None,
+        )
+
+
+def teacher_forced_batch(tokenizer, prompts: list[str], responses: list[str]) -> RolloutBatch:
+    """Given responses (+ EOS) laid out like a rollout: for SFT and for scoring fixed responses."""
+    from gspo_study.rollout.hf import encode_prompts
+
+    seq, prompt_mask = encode_prompts(tokenizer, prompts)
+    resp = [tokenizer(r, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in responses]
+    width = max(len(r) for r in resp)
+    pad = tokenizer.pad_token_id
+    tokens = torch.tensor([r + [pad] * (width - len(r)) for r in resp], dtype=torch.long)
+    alive = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in resp], dtype=torch.bool)
+    P = seq.shape[1]
+    response_mask = torch.zeros(len(prompts), P + width - 1, dtype=torch.bool)
+    response_mask[:, P - 1 :] = alive
+    return RolloutBatch(
+        sequences=torch.cat([seq, tokens], 1),
+        attention_mask=torch.cat([prompt_mask, alive.long()], 1),
+        response_mask=response_mask,
+        rollout_logprobs=torch.zeros(len(prompts), P + width - 1),
+        response_texts=list(responses),
+        truncated=torch.zeros(len(prompts), dtype=torch.bool),
+        prompt_len=P,
+    )

@@ -1,0 +1,131 @@
+"""The `hf` rollout engine: KV-cached sampling written directly on the HF model's forward.
+
+Why not `model.generate`: we need the sampled tokens' log-probs under the engine (for
+`old_logprobs: rollout`, §5.4), routing recorded across prefill and every decode step (R3), one explicit
+`torch.Generator` per rollout (so every algorithm of a seed draws from the same random stream), and few
+Python steps per token. The engine can run a separate lower-precision copy of the policy
+(`rollout.dtype: bfloat16`) to study train–inference mismatch; `sync` copies the trainer's weights in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+from transformers import DynamicCache
+
+from gspo_study.rollout.base import RolloutBatch, position_ids_from_mask
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids (BOS first when the tokenizer has one) and their attention mask."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    ids = [bos + tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    width = max(len(x) for x in ids)
+    pad = tokenizer.pad_token_id
+    seq = torch.tensor([[pad] * (width - len(x)) + x for x in ids], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], dtype=torch.long)
+    return seq, mask
+
+
+class HFEngine:
+    def __init__(self, model, tokenizer, dtype: str = "float32"):
+        self.tokenizer = tokenizer
+        self.dtype = DTYPES[dtype]
+        param_dtype = next(model.parameters()).dtype
+        # A separate copy only when the engine's precision differs from the trainer's.
+        self.model = model if param_dtype == self.dtype else copy.deepcopy(model).to(self.dtype)
+        self.shares_weights = self.model is model
+
+    def sync(self, model) -> None:
+        """Copy the trainer's current weights into the engine (no-op when they share weights)."""
+        if not self.shares_weights:
+            with torch.no_grad():
+                for dst, src in zip(self.model.parameters(), model.parameters()):
+                    dst.copy_(src.to(dst.dtype))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        routing_recorder: contextlib.AbstractContextManager | None = None,
+    ) -> RolloutBatch:
+        """Sample one response per prompt (repeat prompts for groups). `routing_recorder` (e.g.
+        `record_routing(model)`) is entered around prefill and decode so its trace spans the batch."""
+        seq, mask = encode_prompts(self.tokenizer, prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with routing_recorder or contextlib.nullcontext() as trace:
+                out = self._decode(seq, mask, max_new_tokens, temperature, generator, greedy)
+        finally:
+            self.model.train(was_training)
+        return self._to_batch(mask, *out, routing=trace)
+
+    def _decode(self, seq, mask, max_new_tokens, temperature, generator, greedy):
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        cache = DynamicCache(config=self.model.config)
+        step_ids, pos = seq, position_ids_from_mask(mask)
+        finished = torch.zeros(seq.shape[0], dtype=torch.bool)
+        tokens, logps, alive = [], [], []
+        for step in range(max_new_tokens):
+            logits = (
+                self.model(
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                .logits[:, -1]
+                .float()
+            )
+            logprobs = torch.log_softmax(logits / temperature, dim=-1)
+            if greedy:
+                tok = logprobs.argmax(-1)
+            else:
+                tok = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+            tok_logp = logprobs.gather(-1, tok[:, None]).squeeze(-1)
+            live = ~finished
+            tok = torch.where(live, tok, torch.full_like(tok, pad))
+            tokens.append(tok)
+            logps.append(torch.where(live, tok_logp, torch.zeros_like(tok_logp)))
+            alive.append(live)
+            finished = finished | (tok == eos)
+            if finished.all() or step == max_new_tokens - 1:
+                break  # the last sampled token is never fed through the model
+            mask = torch.cat([mask, live.long()[:, None]], dim=1)
+            step_ids, pos = tok[:, None], (mask.sum(-1, keepdim=True) - 1)
+        return seq, torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(alive, 1), finished
+
+    def _to_batch(self, prompt_mask, seq, tokens, logps, alive, finished, routing) -> RolloutBatch:
+        (B, N), prompt_len = tokens.shape, seq.shape[1]
+        sequences = torch.cat([seq, tokens], dim=1)
+        attention_mask = torch.cat([prompt_mask, alive.long()], dim=1)
+        response_mask = torch.zeros(B, prompt_len + N - 1, dtype=torch.bool)
+        response_mask[:, prompt_len - 1 :] = alive
+        rollout_logprobs = torch.zeros(B, prompt_len + N - 1)
+        rollout_logprobs[:, prompt_len - 1 :] = logps
+        eos = self.tokenizer.eos_token_id
+        texts = [
+            self.tokenizer.decode([t for t in row if t != eos], skip_special_tokens=True)
+            for row in torch.where(alive, tokens, torch.full_like(tokens, eos)).tolist()
+        ]
+        return RolloutBatch(
+            sequences=sequences,
+            attention_mask=attention_mask,
+            response_mask=response_mask,
+            rollout_logprobs=rollout_logprobs,
+            response_texts=texts,
+            truncated=~finished,
+            prompt_len=prompt_len,
+            routing=routing,
+        )

@@ -1,0 +1,188 @@
+"""MLflow tracking: where runs live, what they are called, and how a killed run continues.
+
+- Store: `tracking.uri`, else `$MLFLOW_TRACKING_URI`, else `sqlite:///<results_dir>/mlflow.db`.
+- Experiment: `tracking.experiment` (one per study), run name from the config (`gspo-nr-s1`).
+- Identity: a run is keyed by a hash of its flattened config (minus fields that do not change results),
+  stored as tag `run_key`; the same config finds the same run, so sweeps skip finished runs and resume
+  unfinished ones.
+- Resume without duplicates: every step's metrics go in one `log_batch` (one transaction); a resumed run
+  first reads the last logged step and skips re-logging steps up to it (runs are deterministic, so the
+  recomputed values equal the logged ones).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gspo_study.config import Config, ConfigError, to_flat_dict
+
+# Fields that name or place a run but do not change its numbers.
+NON_IDENTITY = ("tracking.", "results_dir", "threads", "eval.batch_size", "train.checkpoint_every")
+STEP_SENTINEL = "rollout/reward/mean"  # logged at every step; its last step is the resume point
+REPLAY_ABBREV = {"none": "nr", "r2": "r2", "r3": "r3"}
+# MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).
+_MLFLOW_ESCAPES = (("@", "_at_"),)
+
+
+def mlflow_key(name: str) -> str:
+    """The MLflow name of a metric (`eval/pass@1` → `eval/pass_at_1`)."""
+    for a, b in _MLFLOW_ESCAPES:
+        name = name.replace(a, b)
+    return name
+
+
+def metric_name(key: str) -> str:
+    """The suite's name of an MLflow metric (inverse of `mlflow_key`)."""
+    for a, b in _MLFLOW_ESCAPES:
+        key = key.replace(b, a)
+    return key
+
+
+def tracking_uri(cfg: Config) -> str:
+    if cfg.tracking.uri:
+        return cfg.tracking.uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    path = Path(cfg.results_dir).resolve() / "mlflow.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def run_key(cfg: Config) -> str:
+    flat = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NON_IDENTITY)}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def run_name(cfg: Config) -> str:
+    """`<objective>-<replay>-s<seed>`, e.g. `gspo-nr-s1`, `grpo-r2-s3` (override with tracking.run_name)."""
+    if cfg.tracking.run_name:
+        return cfg.tracking.run_name
+    return f"{cfg.algo.objective.replace('_', '-')}-{REPLAY_ABBREV[cfg.algo.routing_replay]}-s{cfg.seed}"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _client(uri: str):
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+def artifact_location(uri: str) -> str | None:
+    """Artifacts of a sqlite store live beside it (`<dir>/mlartifacts`), never in the working directory."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
+def _experiment_id(client, name: str, uri: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location(uri))
+    except Exception:  # noqa: BLE001 - a concurrent run may have created it first
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+@dataclass
+class Tracker:
+    """One MLflow run; metrics are logged one step per transaction."""
+
+    client: Any
+    run_id: str
+    experiment_id: str
+    logged_upto: int  # highest step already in the store (resume skips up to it)
+
+    @classmethod
+    def open(cls, cfg: Config) -> Tracker:
+        """Find this config's run in its experiment (resume) or create it."""
+        uri = tracking_uri(cfg)
+        try:
+            client = _client(uri)
+            exp_id = _experiment_id(client, cfg.tracking.experiment, uri)
+        except Exception as exc:  # noqa: BLE001 - mlflow raises many types for a bad store
+            raise ConfigError(
+                f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__}); "
+                "set tracking.uri or MLFLOW_TRACKING_URI to a reachable store"
+            ) from None
+        key = run_key(cfg)
+        found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
+        if found:
+            run = found[0]
+            history = client.get_metric_history(run.info.run_id, STEP_SENTINEL)
+            upto = max((m.step for m in history), default=-1)
+            if run.info.status not in ("RUNNING", "FINISHED"):
+                client.update_run(run.info.run_id, status="RUNNING")
+            return cls(client, run.info.run_id, exp_id, upto)
+        run = client.create_run(exp_id, run_name=run_name(cfg), tags=cls._tags(cfg, key))
+        cls._log_params(client, run.info.run_id, cfg)
+        return cls(client, run.info.run_id, exp_id, -1)
+
+    @staticmethod
+    def _tags(cfg: Config, key: str) -> dict[str, str]:
+        return {
+            "run_key": key,
+            "git_commit": git_commit(),
+            "algorithm": cfg.algo.objective,
+            "routing_replay": cfg.algo.routing_replay,
+            "seed": str(cfg.seed),
+            "scale": cfg.scale,
+            "old_logprobs": cfg.algo.old_logprobs,
+            "mlflow.note.content": f"{run_name(cfg)}: {cfg.algo.objective}, replay {cfg.algo.routing_replay}, seed {cfg.seed}",
+        }
+
+    @staticmethod
+    def _log_params(client, run_id: str, cfg: Config) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(to_flat_dict(cfg).items())]
+        for i in range(0, len(params), 100):
+            client.log_batch(run_id, params=params[i : i + 100])
+
+    def finished(self) -> bool:
+        return self.client.get_run(self.run_id).info.status == "FINISHED"
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        if step <= self.logged_upto:
+            return
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        batch = [Metric(mlflow_key(k), float(v), ts, step) for k, v in sorted(metrics.items())]
+        for i in range(0, len(batch), 900):  # MLflow caps a batch at 1000 metrics
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
+        self.logged_upto = step
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def set_status(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=status)

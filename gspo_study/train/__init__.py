@@ -1,0 +1,1 @@
+"""Training backends and the training engine's forward: `torch` (one process), `deepspeed` (ZeRO, many ranks)."""

@@ -1,0 +1,92 @@
+"""Run checkpoints: model + tokenizer (safetensors), optimizer state, and the loop's counters.
+
+Written atomically by `models.checkpoint.save_pretrained` (temporary directory, then rename); a checkpoint
+with non-finite weights is never written. Loading never unpickles arbitrary objects: weights come from
+safetensors and the optimizer state through `torch.load(weights_only=True)`. A partial or corrupt
+checkpoint is skipped with a warning and the run restarts from its initial checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from gspo_study.config import Config, ConfigError
+from gspo_study.models import load_pretrained, save_pretrained
+from gspo_study.models.checkpoint import CheckpointError
+from gspo_study.runtime import DTYPES
+from gspo_study.tracking import run_key, run_name
+
+
+@dataclass
+class RunState:
+    step: int = 0  # RL steps completed
+    flops: float = 0.0  # cumulative estimated training FLOPs
+    seconds: float = 0.0  # cumulative training wall seconds
+    nonfinite_streak: int = 0  # consecutive skipped updates
+    nonfinite_total: int = 0  # skipped updates so far
+    mlflow_run_id: str = ""
+
+    def note_update(self, grad_norm: float) -> None:
+        if math.isfinite(grad_norm):
+            self.nonfinite_streak = 0
+        else:
+            self.nonfinite_streak += 1
+            self.nonfinite_total += 1
+
+
+def run_dir(cfg: Config) -> Path:
+    return cfg.out_dir / "runs" / f"{run_name(cfg)}-{run_key(cfg)}"
+
+
+def init_checkpoint(cfg: Config) -> Path:
+    return Path(cfg.init_checkpoint) if cfg.init_checkpoint else cfg.out_dir / "checkpoints" / cfg.sft.output
+
+
+def _load_model(cfg: Config, path: Path):
+    return load_pretrained(
+        path, dtype=DTYPES[cfg.model.dtype], experts_implementation=cfg.model.experts_implementation
+    )
+
+
+def _resume(cfg: Config, path: Path):
+    model, tokenizer = _load_model(cfg, path)
+    state = RunState(**json.loads((path / "trainer_state.json").read_text()))
+    optim = torch.load(path / "optimizer.pt", weights_only=True)
+    return model, tokenizer, state, optim
+
+
+def load_run_checkpoint(cfg: Config, mlflow_run_id: str):
+    """(model, tokenizer, RunState, optimizer state or None): the run's last checkpoint, else its start."""
+    ckpt = run_dir(cfg) / "checkpoint"
+    if ckpt.exists():
+        try:
+            return _resume(cfg, ckpt)
+        except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is skipped, never half-loaded
+            warnings.warn(
+                f"skipping unreadable checkpoint {ckpt} ({type(exc).__name__}: {exc}); starting over",
+                stacklevel=2,
+            )
+    start = init_checkpoint(cfg)
+    if not start.exists():
+        raise ConfigError(
+            f"initial checkpoint not found: {start}; run `make coldstart SCALE={cfg.scale}` "
+            "or set init_checkpoint"
+        )
+    try:
+        model, tokenizer = _load_model(cfg, start)
+    except CheckpointError:
+        raise
+    return model, tokenizer, RunState(mlflow_run_id=mlflow_run_id), None
+
+
+def save_run_checkpoint(ctx) -> Path:
+    path = run_dir(ctx.cfg) / "checkpoint"
+    ctx.state.mlflow_run_id = ctx.tracker.run_id
+    extra = {"optimizer.pt": ctx.backend.state_dict(), "trainer_state.json": asdict(ctx.state)}
+    return save_pretrained(ctx.model, ctx.tokenizer, path, extra=extra)

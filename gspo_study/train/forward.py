@@ -1,0 +1,30 @@
+"""The training engine's forward: per-token log-probs (and entropy) of the targets in the shared layout.
+
+See `gspo_study.rollout.base` for the layout: a forward over `sequences[:, :-1]` gives log-probs of
+`sequences[:, 1:]`, aligned with `response_mask`, `rollout_logprobs` and any routing trace.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gspo_study.rollout.base import position_ids_from_mask
+
+
+def token_logprobs(
+    model,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(sequences[:, t+1] | ≤ t) for every t: `[B, L-1]` float32, and the entropy `[B, L-1]` if asked."""
+    inputs, mask = sequences[:, :-1], attention_mask[:, :-1]
+    logits = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logprobs = logp_all.gather(-1, sequences[:, 1:, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logprobs, entropy

@@ -1,0 +1,362 @@
+"""The shared trainer core: one loop runs every algorithm; runs differ only in their switches.
+
+Each RL step:
+  1. sample `prompts_per_step` prompts and G responses each from the rollout engine (R3 records routing);
+  2. reward, group-normalised advantages;
+  3. π_old: the training engine's log-probs (recording routing for R2; replaying the rollout's for R3),
+     or the rollout engine's own (`algo.old_logprobs: rollout`, §5.4);
+  4. split the batch into `num_minibatches` and update once per minibatch (update 1 is on-policy,
+     the rest off-policy, as in §5.1), micro-batching with whole-minibatch denominators;
+  5. telemetry: routing volatility of the updated policy vs π_old on the same rollout, train–inference
+     mismatch; then periodic evaluation, MLflow logging and checkpoints.
+
+Every random draw is keyed by (seed, step, purpose), so for a seed every algorithm sees the same prompts
+and sampling streams, and a resumed run needs no saved RNG state. Metric names and formulas:
+docs/METRICS.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from gspo_study.config import Config
+from gspo_study.evaluate import evaluate, score
+from gspo_study.models.presets import active_params
+from gspo_study.moe import (
+    RoutingTrace,
+    has_moe,
+    mismatch_metrics,
+    record_routing,
+    replay_routing,
+    routing_volatility,
+)
+from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
+from gspo_study.rollout import RolloutBatch, make_engine
+from gspo_study.tasks import get_task
+from gspo_study.tracking import Tracker
+from gspo_study.train.checkpointing import RunState, load_run_checkpoint, run_dir, save_run_checkpoint
+from gspo_study.train.forward import token_logprobs
+from gspo_study.train.torch_backend import TorchBackend
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates with a non-finite loss or gradient."""
+
+
+def derive_seed(seed: int, step: int, purpose: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{purpose}".encode()).digest()[:8], "little") >> 1
+
+
+@dataclass
+class Context:
+    """Everything a step needs; built once per run."""
+
+    cfg: Config
+    model: object
+    tokenizer: object
+    task: object
+    engine: object
+    objective: object
+    backend: TorchBackend
+    tracker: Tracker
+    state: RunState
+    flops_per_token: float
+    samples_text: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------- phases
+def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
+    cfg = ctx.cfg
+    problems = ctx.task.sample_train(
+        cfg.rollout.prompts_per_step, random.Random(derive_seed(cfg.seed, step, "prompts"))
+    )
+    rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
+    ctx.engine.sync(ctx.model)
+    recorder = record_routing(ctx.engine.model) if cfg.algo.routing_replay == "r3" else None
+    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
+    batch = ctx.engine.generate(
+        [p.prompt for p in rows],
+        cfg.rollout.max_new_tokens,
+        cfg.rollout.temperature,
+        gen,
+        routing_recorder=recorder,
+    )
+    return rows, batch
+
+
+def chunks(n: int, size: int | None) -> list[torch.Tensor]:
+    return list(torch.arange(n).split(size or n))
+
+
+@torch.no_grad()
+def policy_pass(
+    ctx: Context, batch: RolloutBatch, replay: RoutingTrace | None
+) -> tuple[torch.Tensor, RoutingTrace]:
+    """Log-probs of the whole batch under the current policy (no grad) and its natural routing."""
+    lps, traces = [], []
+    for rows in chunks(len(batch), ctx.cfg.train.micro_batch_size):
+        if replay is None:
+            with record_routing(ctx.model) as trace:
+                lp, _ = token_logprobs(
+                    ctx.model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
+                )
+        else:
+            with replay_routing(ctx.model, replay.select(rows), record_natural=True) as handle:
+                lp, _ = token_logprobs(
+                    ctx.model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
+                )
+            trace = handle.natural
+        lps.append(lp)
+        traces.append(trace)
+    return torch.cat(lps), RoutingTrace.cat(traces)
+
+
+def old_policy(
+    ctx: Context, batch: RolloutBatch
+) -> tuple[torch.Tensor, torch.Tensor, RoutingTrace, RoutingTrace | None]:
+    """(old_logprobs used by the objective, training-engine π_old log-probs, π_old's natural routing,
+    the routing to replay during updates or None)."""
+    mode = ctx.cfg.algo.routing_replay
+    train_lp, natural = policy_pass(ctx, batch, batch.routing if mode == "r3" else None)
+    replay = {"none": None, "r2": natural, "r3": batch.routing}[mode]
+    old_lp = batch.rollout_logprobs if ctx.cfg.algo.old_logprobs == "rollout" else train_lp
+    return old_lp, train_lp, natural, replay
+
+
+def learning_rate(cfg: Config, step: int) -> float:
+    warm = cfg.train.warmup_steps
+    return cfg.train.lr * (min(1.0, step / warm) if warm else 1.0)
+
+
+def update_minibatch(ctx: Context, batch, rows, adv, old_lp, replay, lr) -> tuple[dict, float, float, float]:
+    """One optimizer update on minibatch `rows`; returns (objective metrics, grad norm, entropy sum, tokens)."""
+    mask = batch.response_mask
+    normalizer = ctx.objective.batch_normalizer(mask[rows])
+    parts, ent_sum = [], 0.0
+    for micro in rows.split(ctx.cfg.train.micro_batch_size or len(rows)):
+        with replay_routing(ctx.model, replay.select(micro)) if replay is not None else nullcontext():
+            lp, ent = token_logprobs(
+                ctx.model,
+                batch.sequences[micro],
+                batch.attention_mask[micro],
+                ctx.cfg.rollout.temperature,
+                with_entropy=True,
+            )
+            loss, metrics = ctx.objective(
+                logprobs=lp,
+                old_logprobs=old_lp[micro],
+                advantages=adv[micro],
+                mask=mask[micro],
+                normalizer=normalizer,
+            )
+            ctx.backend.backward(loss)
+        parts.append(metrics)
+        ent_sum += torch.where(mask[micro], ent, torch.zeros_like(ent)).sum().item()
+    grad_norm = ctx.backend.step(lr)
+    return combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item()
+
+
+def update(ctx: Context, batch, adv, old_lp, replay, step: int) -> dict[str, float]:
+    """`num_minibatches` updates over a seeded permutation of the batch."""
+    cfg = ctx.cfg
+    perm = torch.randperm(
+        len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch"))
+    )
+    sums, out, norms = defaultdict(float), {}, []
+    ent_sum = ent_tokens = 0.0
+    lr = learning_rate(cfg, step)
+    for i, rows in enumerate(perm.chunk(cfg.train.num_minibatches)):
+        metrics, norm, e, n = update_minibatch(ctx, batch, rows, adv, old_lp, replay, lr)
+        ent_sum, ent_tokens = ent_sum + e, ent_tokens + n
+        out[f"policy/clip_frac/token/mb_{i}"] = metrics["policy/clip_frac/token"]
+        for k, v in metrics.items():
+            sums[k] += v / cfg.train.num_minibatches
+        norms.append(norm)
+        ctx.state.note_update(norm)
+        if ctx.state.nonfinite_streak >= cfg.train.max_nonfinite_updates:
+            raise NonFiniteError(
+                f"{ctx.state.nonfinite_streak} consecutive updates had a non-finite loss or gradient "
+                f"(train.max_nonfinite_updates={cfg.train.max_nonfinite_updates}); lower train.lr"
+            )
+    finite = [n for n in norms if n == n and abs(n) != float("inf")]
+    out.update(sums)
+    out.update(
+        {
+            "train/grad_norm": sum(finite) / len(finite) if finite else float("nan"),
+            "train/lr": lr,
+            "train/entropy": ent_sum / max(ent_tokens, 1.0),
+            "train/nonfinite_skipped": float(ctx.state.nonfinite_total),
+        }
+    )
+    return out
+
+
+def telemetry(
+    ctx: Context, batch: RolloutBatch, natural_old: RoutingTrace, train_lp: torch.Tensor
+) -> dict[str, float]:
+    """Routing volatility (updated policy vs π_old, same rollout) and train–inference mismatch."""
+    out = {}
+    mask = batch.response_mask
+    if has_moe(ctx.model):
+        _, natural_new = policy_pass(ctx, batch, None)
+        vol = routing_volatility(natural_old, natural_new, mask)
+        out.update({f"moe/routing_volatility/{k}": v for k, v in vol.items()})
+    mm = mismatch_metrics(train_lp, batch.rollout_logprobs, mask)
+    out.update({f"mismatch/{k}": v for k, v in mm.items()})
+    return out
+
+
+def rollout_metrics(cfg: Config, rewards: torch.Tensor, batch: RolloutBatch) -> dict[str, float]:
+    lengths = batch.response_lengths.float()
+    return {
+        "rollout/reward/mean": rewards.mean().item(),
+        "rollout/reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "rollout/zero_std_group_frac": zero_std_group_frac(rewards, cfg.rollout.group_size),
+        "rollout/response_len/mean": lengths.mean().item(),
+        "rollout/response_len/max": lengths.max().item(),
+        "rollout/truncated_frac": batch.truncated.float().mean().item(),
+    }
+
+
+def compute_metrics(ctx: Context, batch: RolloutBatch, seconds: float) -> dict[str, float]:
+    """compute/flops: 2·N_active per token for generation and π_old (when recomputed), 6·N_active per token
+    for the updates (forward + backward), counting the non-pad tokens fed. Telemetry is not counted."""
+    fed = batch.attention_mask[:, :-1].sum().item()
+    passes = 2 + (2 if ctx.cfg.algo.old_logprobs == "recompute" else 0) + 6
+    ctx.state.flops += passes * ctx.flops_per_token * fed
+    ctx.state.seconds += seconds
+    return {
+        "compute/flops": ctx.state.flops,
+        "compute/seconds": ctx.state.seconds,
+        "perf/tokens_per_s": batch.response_lengths.sum().item() / max(seconds, 1e-9),
+    }
+
+
+def rl_step(ctx: Context, step: int) -> dict[str, float]:
+    start = time.time()
+    rows, batch = rollout(ctx, step)
+    rewards = score(ctx.task, rows, batch)
+    adv = group_advantages(rewards, ctx.cfg.rollout.group_size, ctx.cfg.algo.advantage_eps)
+    old_lp, train_lp, natural_old, replay = old_policy(ctx, batch)
+    metrics = rollout_metrics(ctx.cfg, rewards, batch)
+    metrics.update(update(ctx, batch, adv, old_lp, replay, step))
+    seconds = time.time() - start  # telemetry below is diagnostics, not training compute
+    metrics.update(telemetry(ctx, batch, natural_old, train_lp))
+    metrics.update(compute_metrics(ctx, batch, seconds))
+    ctx.samples_text = [
+        f"[{r:.0f}] {p.prompt}{t!r}" for p, t, r in zip(rows[:16], batch.response_texts, rewards.tolist())
+    ]
+    return metrics
+
+
+def eval_metrics(ctx: Context) -> dict[str, float]:
+    cfg = ctx.cfg
+    res = evaluate(
+        ctx.model,
+        ctx.tokenizer,
+        ctx.task,
+        cfg.eval.num_prompts,
+        cfg.eval.samples,
+        cfg.rollout.max_new_tokens,
+        seed=derive_seed(cfg.seed, 0, "eval"),
+        batch_size=cfg.eval.batch_size,
+        temperature=cfg.rollout.temperature,
+        greedy=False,
+    )
+    return {"eval/pass@1": res["pass@1"], "eval/pass@1_stderr": res["stderr"]}
+
+
+# ------------------------------------------------------------------------------------------------ loop
+def setup(cfg: Config, tracker: Tracker) -> Context:
+    torch.manual_seed(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tokenizer, state, optim_state = load_run_checkpoint(cfg, tracker.run_id)
+    if cfg.algo.routing_replay != "none" and not has_moe(model):
+        from gspo_study.config import ConfigError
+
+        raise ConfigError(
+            f"algo.routing_replay={cfg.algo.routing_replay!r} needs a model with MoE layers; "
+            "this model has none (use routing_replay=none)"
+        )
+    backend = TorchBackend(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.grad_clip)
+    if optim_state is not None:
+        backend.load_state_dict(optim_state)
+    objective = get_objective(
+        cfg.algo.objective,
+        clip_low=cfg.algo.clip_low,
+        clip_high=cfg.algo.clip_high,
+        aggregation=cfg.algo.aggregation,
+    )
+    return Context(
+        cfg=cfg,
+        model=model,
+        tokenizer=tokenizer,
+        task=get_task(cfg.task),
+        engine=make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.dtype),
+        objective=objective,
+        backend=backend,
+        tracker=tracker,
+        state=state,
+        flops_per_token=float(active_params(model.config)),
+    )
+
+
+def _fault_injection(step: int) -> None:
+    """Tests of resume set GSPO_STUDY_KILL_AT_STEP=N: the process SIGKILLs itself after logging step N."""
+    if os.environ.get("GSPO_STUDY_KILL_AT_STEP") == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _due(step: int, every: int, last: int) -> bool:
+    return step == last or (every > 0 and step % every == 0)
+
+
+def train(cfg: Config) -> dict[str, float]:
+    """Run (or resume, or skip if finished) the run this config describes; returns the last metrics."""
+    tracker = Tracker.open(cfg)
+    if tracker.finished():
+        print(f"run {tracker.run_id} ({run_dir(cfg).name}) already finished; skipping")
+        return {}
+    ctx = setup(cfg, tracker)
+    metrics: dict[str, float] = {}
+    try:
+        if ctx.state.step == 0:
+            tracker.log_step(0, eval_metrics(ctx))
+        bar = tqdm(
+            range(ctx.state.step + 1, cfg.train.steps + 1),
+            desc=run_dir(cfg).name,
+            dynamic_ncols=True,
+            initial=ctx.state.step,
+            total=cfg.train.steps,
+        )
+        for step in bar:
+            metrics = rl_step(ctx, step)
+            if _due(step, cfg.eval.every, cfg.train.steps):
+                metrics.update(eval_metrics(ctx))
+            tracker.log_step(step, metrics)
+            ctx.state.step = step
+            if _due(step, cfg.tracking.log_samples_every, cfg.train.steps):
+                tracker.log_text("\n".join(ctx.samples_text), f"samples/step_{step:05d}.txt")
+            if _due(step, cfg.train.checkpoint_every, cfg.train.steps):
+                save_run_checkpoint(ctx)
+            _fault_injection(step)
+            bar.set_postfix(
+                reward=f"{metrics['rollout/reward/mean']:.3f}",
+                clip=f"{metrics['policy/clip_frac/token']:.4f}",
+            )
+    except BaseException as exc:
+        tracker.set_status("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    tracker.set_status("FINISHED")
+    return metrics

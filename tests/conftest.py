@@ -1,0 +1,45 @@
+"""Shared fixtures: a smoke-scale cold-start checkpoint built once per session, in a temp results dir."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+torch.set_num_threads(1)
+
+SMOKE = "experiments/smoke/base.yaml"
+
+
+@pytest.fixture(scope="session")
+def smoke_results(tmp_path_factory):
+    """A results dir holding the smoke cold-start checkpoint."""
+    from gspo_study.config import load_config
+    from gspo_study.sft import run_sft
+
+    root = tmp_path_factory.mktemp("results")
+    run_sft(load_config(SMOKE, [f"results_dir={root}"]))
+    return root
+
+
+@pytest.fixture
+def smoke_cfg(smoke_results, tmp_path):
+    """Factory: a smoke config whose MLflow store is private to the test."""
+    from gspo_study.config import load_config
+
+    def make(*overrides: str):
+        return load_config(
+            SMOKE,
+            [
+                f"results_dir={smoke_results}",
+                f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart",
+                *overrides,
+            ],
+        )
+
+    return make

@@ -1,0 +1,66 @@
+"""Config loading: inheritance, overrides, and one-line errors that name the bad key or value."""
+
+from __future__ import annotations
+
+import pytest
+
+from gspo_study.config import ConfigError, load_config, to_flat_dict
+
+
+def test_base_inheritance_and_overrides(tmp_path):
+    (tmp_path / "base.yaml").write_text("train:\n  lr: 1.0e-4\n  steps: 7\n")
+    (tmp_path / "run.yaml").write_text("base: base.yaml\ntrain:\n  steps: 9\nalgo:\n  objective: grpo\n")
+    cfg = load_config(tmp_path / "run.yaml", ["algo.routing_replay=r2", "seed=3"])
+    assert (cfg.train.lr, cfg.train.steps, cfg.algo.objective, cfg.algo.routing_replay, cfg.seed) == (
+        1e-4,
+        9,
+        "grpo",
+        "r2",
+        3,
+    )
+    assert to_flat_dict(cfg)["train.steps"] == 9
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("train.lrr=1", "did you mean 'train.lr'"),
+        ("algo.objectiv=gspo", "did you mean 'algo.objective'"),
+        ("algo.routing_replay=r4", "'algo.routing_replay'; allowed: none, r2, r3"),
+        ("algo.objective=ppo", "allowed: cispo, grpo, gspo, gspo_token"),
+        ("rollout.group_size=1", "'rollout.group_size'"),
+        ("train.num_minibatches=5", "divisor of the rollout batch"),
+        ("algo.clip_low=-0.1", "'algo.clip_low'"),
+        ("train.lr=abc", "train.lr"),
+        ("model.preset=qwen3-huge", "allowed: qwen3-moe-tiny, qwen3-moe-smoke"),
+        ("nokey", "key.sub=value"),
+    ],
+)
+def test_errors_name_key_and_allowed(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config("experiments/smoke/base.yaml", [override])
+    msg = str(err.value)
+    assert fragment in msg and "\n" not in msg
+
+
+def test_unknown_key_in_file(tmp_path):
+    (tmp_path / "bad.yaml").write_text("rollout:\n  group_sise: 4\n")
+    with pytest.raises(ConfigError, match="did you mean 'rollout.group_size'"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_missing_file_and_cycle(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_cli_error_is_one_line_exit_2(capsys):
+    from gspo_study.cli import main
+
+    assert main(["train", "experiments/smoke/base.yaml", "train.lrr=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "did you mean 'train.lr'" in err and "\n" not in err

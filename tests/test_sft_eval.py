@@ -1,0 +1,87 @@
+"""Cold-start SFT (loss falls, deterministic, loadable) and evaluation on always-right / always-wrong policies."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from gspo_study.config import load_config
+from gspo_study.evaluate import evaluate
+from gspo_study.models import build_char_tokenizer, build_model
+from gspo_study.tasks.arith import ArithTask
+
+
+def test_sft_loss_falls_and_is_deterministic(smoke_results, tmp_path):
+    from gspo_study.sft import run_sft
+
+    log = json.loads((smoke_results / "smoke/checkpoints/coldstart/sft_log.json").read_text())["log"]
+    first, last = log[0]["loss"], log[-1]["loss"]
+    assert last < 0.7 * first
+    again = run_sft(load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}"]))
+    log2 = json.loads((again / "sft_log.json").read_text())["log"]
+    assert [r["loss"] for r in log2] == [r["loss"] for r in log]
+
+
+class OraclePolicy(nn.Module):
+    """A stand-in *policy* (not the thing under test): emits a fixed response per prompt, with KV-cache
+    call semantics like a causal LM (prefill, then one token per call)."""
+
+    def __init__(self, tokenizer, answer_fn):
+        super().__init__()
+        self.tok, self.answer_fn = tokenizer, answer_fn
+        self.config = build_model("qwen3-moe-smoke", tokenizer, 0).config
+        self.dummy = nn.Parameter(torch.zeros(1))
+        self.plans, self.pos = [], 0
+
+    def forward(self, input_ids, **kw):
+        if input_ids.shape[1] > 1:  # prefill: plan each row's response
+            prompts = [self.tok.decode(r, skip_special_tokens=True) for r in input_ids.tolist()]
+            self.plans = [
+                self.tok(self.answer_fn(p), add_special_tokens=False).input_ids + [self.tok.eos_token_id]
+                for p in prompts
+            ]
+            self.pos = 0
+        logits = torch.full((input_ids.shape[0], 1, len(self.tok)), -1e4)
+        for i, plan in enumerate(self.plans):
+            logits[i, 0, plan[min(self.pos, len(plan) - 1)]] = 1e4
+        self.pos += 1
+        return SimpleNamespace(logits=logits)
+
+
+def test_eval_always_right_and_always_wrong():
+    tok, task = build_char_tokenizer(), ArithTask(num_terms=3, digits=2)
+    by_prompt = {p.prompt: p for p in task.eval_problems(12)}
+    right = OraclePolicy(tok, lambda prompt: task.sft_target(by_prompt[prompt]))
+    res = evaluate(right, tok, task, num_prompts=12, samples=3, max_new_tokens=40)
+    assert res["pass@1"] == 1.0 and res["stderr"] == 0.0 and res["greedy"] == 1.0
+    assert (res["n_prompts"], res["samples"]) == (12, 3)
+    wrong = OraclePolicy(tok, lambda prompt: task.sft_target(by_prompt[prompt]) + "1")
+    assert evaluate(wrong, tok, task, num_prompts=12, samples=3, max_new_tokens=40)["pass@1"] == 0.0
+    truncated = OraclePolicy(tok, lambda prompt: task.sft_target(by_prompt[prompt]))
+    assert evaluate(truncated, tok, task, num_prompts=12, samples=1, max_new_tokens=10)["pass@1"] == 0.0
+
+
+def test_eval_cli_json(smoke_results, capsys):
+    from gspo_study.cli import main
+
+    ckpt = smoke_results / "smoke/checkpoints/coldstart"
+    rc = main(
+        [
+            "eval",
+            "--checkpoint",
+            str(ckpt),
+            "--task",
+            "arith",
+            "--samples",
+            "2",
+            "--json",
+            "--config",
+            "experiments/smoke/base.yaml",
+        ]
+    )
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and {"pass@1", "stderr", "n_prompts", "samples"} <= set(out) and out["samples"] == 2
+    assert 0.0 <= out["pass@1"] <= 1.0
