@@ -31,9 +31,20 @@ lint: install
 	$(PY) -m ruff check gspo_study analysis tests benchmarks
 	$(PY) -m ruff format --check gspo_study analysis tests benchmarks
 
+SEEDS_ARG = $(if $(SEEDS),--seeds $(SEEDS))
+X ?= compute
+
 coldstart: install
-	$(PY) -m gspo_study sft experiments/$(SCALE)/coldstart.yaml
+	$(PY) -c "from gspo_study.study import ensure_coldstart; ensure_coldstart('$(SCALE)')"
 	$(PY) -m gspo_study eval --checkpoint results/$(SCALE)/checkpoints/coldstart --config experiments/$(SCALE)/coldstart.yaml
+
+# make reproduce-figure-N [SCALE=smoke|cpu|paper] [SEEDS=1,2,3] [X=compute|steps]
+reproduce-figure-%: install
+	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) $(SEEDS_ARG)
+	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X)
+
+report: install
+	$(PY) analysis/report.py --scale $(SCALE) $(SEEDS_ARG)
 
 mlflow-ui: install
 	@echo "Runs table: http://127.0.0.1:$(PORT)/#/experiments/<id>/runs   charts: .../#/experiments/<id>/chart"

@@ -1,4 +1,4 @@
-"""`python -m gspo_study {sft,train,eval}`: the command line.
+"""`python -m gspo_study {sft,train,eval,sweep}`: the command line.
 
 Every user mistake (bad config key or value, missing file, wrong checkpoint) ends with a one-line
 message on stderr and exit status 2 — no traceback, nothing half-written.
@@ -59,6 +59,12 @@ def _cmd_eval(args) -> None:
         )
 
 
+def _cmd_sweep(args) -> None:
+    from gspo_study.study import parse_seeds, run_figure
+
+    run_figure(args.figure, args.scale, parse_seeds(args.seeds, args.scale), tuple(args.overrides))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gspo_study", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -79,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     e.set_defaults(fn=_cmd_eval)
+    w = sub.add_parser("sweep", help="train every run a figure needs (finished runs are skipped)")
+    w.add_argument("--figure", required=True, help="figure number (experiments/figures.yaml)")
+    w.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
+    w.add_argument("--seeds", help="e.g. 1,2,3 (default: 3 seeds at the CPU scale)")
+    w.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run")
+    w.set_defaults(fn=_cmd_sweep)
     return p
 
 

@@ -222,12 +222,16 @@ def _parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults ← YAML chain (base first) ← `key.sub=value` overrides, validated."""
+def load_config(
+    path: str | os.PathLike | list | tuple | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """Defaults ← YAML chain(s) (base first; several files are layered in order) ← `key.sub=value`
+    overrides, validated."""
     node = OmegaConf.structured(Config)
-    if path is not None:
-        for data in _read_yaml(Path(path)):
-            node = _merge(node, data, str(path))
+    paths = [] if path is None else list(path) if isinstance(path, (list, tuple)) else [path]
+    for one in paths:
+        for data in _read_yaml(Path(one)):
+            node = _merge(node, data, str(one))
     for item in overrides:
         key, value = _parse_override(item)
         dotted = OmegaConf.create({})

@@ -64,7 +64,12 @@ def run_name(cfg: Config) -> str:
     """`<objective>-<replay>-s<seed>`, e.g. `gspo-nr-s1`, `grpo-r2-s3` (override with tracking.run_name)."""
     if cfg.tracking.run_name:
         return cfg.tracking.run_name
-    return f"{cfg.algo.objective.replace('_', '-')}-{REPLAY_ABBREV[cfg.algo.routing_replay]}-s{cfg.seed}"
+    parts = [cfg.algo.objective.replace("_", "-"), REPLAY_ABBREV[cfg.algo.routing_replay]]
+    if cfg.rollout.dtype != "float32":
+        parts.append(cfg.rollout.dtype.replace("bfloat16", "bf16"))
+    if cfg.algo.old_logprobs == "rollout":
+        parts.append("rolloutlp")
+    return "-".join([*parts, f"s{cfg.seed}"])
 
 
 def git_commit() -> str:

@@ -1,6 +1,6 @@
 """Routing telemetry: expert volatility between two traces, and train–inference probability mismatch.
 
-Formulas are listed in docs/metrics_moe.md. Every reduction runs over valid tokens only, selected with
+Formulas are listed in docs/METRICS.md. Every reduction runs over valid tokens only, selected with
 `torch.where` (padding may hold garbage, even NaN), and denominators are the whole batch's counts.
 An empty selection gives 0.0 rather than NaN so logging never breaks.
 """

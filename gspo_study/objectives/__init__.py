@@ -3,7 +3,7 @@
     objective = get_objective("gspo")                 # paper defaults; clip_low/clip_high/aggregation optional
     loss, metrics = objective(logprobs=lp, old_logprobs=old_lp, advantages=adv, mask=mask)
 
-`loss` is a scalar to minimise (the negative objective), `metrics` a dict of floats (docs/metrics_objectives.md).
+`loss` is a scalar to minimise (the negative objective), `metrics` a dict of floats (docs/METRICS.md).
 `core` holds the shared machinery and documents masking, precision, aggregation and the normaliser;
 `algorithms` holds one small function per algorithm; `microbatch` shows how micro-batches reproduce the
 minibatch exactly. Departures from the paper: log-ratios are clamped to ±MAX_LOG_RATIO before exp (an

@@ -22,7 +22,7 @@ sum), plus which tokens or responses were clipped. Everything else lives here, o
   micro-batch losses then sum to the minibatch loss and their gradients to its gradient (see
   `gspo_study.objectives.microbatch`). Under data parallelism the count must also be summed over ranks
   (and the loss multiplied by the world size if the backend averages gradients over ranks).
-- Metrics (`METRIC_NAMES`, docs/metrics_objectives.md): computed without gradient, variances are
+- Metrics (`METRIC_NAMES`, docs/METRICS.md): computed without gradient, variances are
   population variances, plus the counts `policy/count/tokens` and `policy/count/seqs` that
   `combine_metrics` needs to merge micro-batch metrics into minibatch metrics.
 """
@@ -273,7 +273,7 @@ def _var(values: Tensor, where: Tensor) -> Tensor:
 
 @torch.no_grad()
 def compute_metrics(x: PolicyInputs, surrogate: Surrogate, loss: Tensor) -> dict[str, float]:
-    """The metrics of docs/metrics_objectives.md, one host sync for all of them."""
+    """The metrics of docs/METRICS.md, one host sync for all of them."""
     mask, valid = x.mask, x.valid_seq
     dtype = x.log_ratio.dtype
     low = _per_token(surrogate.clipped_low, mask)

@@ -1,0 +1,87 @@
+"""Studies: the runs each figure needs, at a scale and seeds, and running them resumably.
+
+A figure lists run files in experiments/figures.yaml; a run's config is experiments/<scale>/base.yaml
+layered with experiments/runs/<run>.yaml and `seed=<s>`. Runs are identified by their config (see
+`tracking.run_key`), so a run shared by two figures runs once, a finished run is skipped, and a killed
+one resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gspo_study.config import Config, ConfigError, load_config
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "paper": [1]}
+
+
+def figures(experiments: Path = EXPERIMENTS) -> dict[str, dict]:
+    return yaml.safe_load((experiments / "figures.yaml").read_text())
+
+
+def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
+    name = f"figure-{figure}" if not str(figure).startswith("figure-") else str(figure)
+    specs = figures(experiments)
+    if name not in specs:
+        raise ConfigError(f"unknown figure {figure!r}; allowed: {', '.join(k.removeprefix('figure-') for k in specs)}")
+    return specs[name]
+
+
+def parse_seeds(text: str | None, scale: str) -> list[int]:
+    if not text:
+        return DEFAULT_SEEDS[scale]
+    try:
+        return [int(s) for s in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise ConfigError(f"bad SEEDS {text!r}; allowed: integers separated by commas or spaces") from None
+
+
+def scale_base(scale: str, experiments: Path = EXPERIMENTS) -> Path:
+    path = experiments / scale / "base.yaml"
+    if not path.is_file():
+        allowed = sorted(p.parent.name for p in experiments.glob("*/base.yaml"))
+        raise ConfigError(f"unknown scale {scale!r}; allowed: {', '.join(allowed)}")
+    return path
+
+
+def run_config(scale: str, run: str, seed: int, overrides: tuple[str, ...] = (), experiments: Path = EXPERIMENTS) -> Config:
+    run_file = experiments / "runs" / f"{run}.yaml"
+    if not run_file.is_file():
+        raise ConfigError(f"run file not found: {run_file}")
+    return load_config([scale_base(scale, experiments), run_file], [f"seed={seed}", *overrides])
+
+
+def figure_configs(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[tuple[str, Config]]:
+    """(run name, config) for every run × seed of a figure."""
+    return [(run, run_config(scale, run, seed, overrides)) for run in figure_spec(figure)["runs"] for seed in seeds]
+
+
+def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
+    """The scale's cold-start checkpoint, trained first if it is missing."""
+    from gspo_study.models.checkpoint import is_complete
+    from gspo_study.sft import checkpoint_dir, run_sft
+
+    cfg = load_config(EXPERIMENTS / scale / "coldstart.yaml", list(overrides))
+    path = checkpoint_dir(cfg)
+    if cfg.init_checkpoint:
+        return Path(cfg.init_checkpoint)
+    if not is_complete(path):
+        print(f"cold-start checkpoint {path} missing: training it")
+        run_sft(cfg)
+    return path
+
+
+def run_figure(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[Config]:
+    """Train every run the figure needs that has not finished."""
+    from gspo_study.trainer import train
+
+    ensure_coldstart(scale, overrides)
+    done = []
+    for run, cfg in figure_configs(figure, scale, seeds, overrides):
+        print(f"== figure {figure}: {run} seed {cfg.seed}")
+        train(cfg)
+        done.append(cfg)
+    return done
