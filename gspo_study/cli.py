@@ -11,22 +11,28 @@ import json
 import sys
 
 from gspo_study.config import ConfigError, load_config
+from gspo_study.errors import NonFiniteError
 from gspo_study.models.checkpoint import CheckpointError
 from gspo_study.tasks import TaskDataError
 
 USER_ERRORS = (ConfigError, CheckpointError, TaskDataError)
 
 
+def _files_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """`a.yaml b.yaml x.y=1` → (files, overrides): anything with '=' is an override."""
+    return [i for i in items if "=" not in i], [i for i in items if "=" in i]
+
+
 def _cmd_sft(args) -> None:
     from gspo_study.sft import run_sft
 
-    run_sft(load_config(args.config, args.overrides))
+    run_sft(load_config(*_files_and_overrides(args.config)))
 
 
 def _cmd_train(args) -> None:
     from gspo_study.trainer import train
 
-    train(load_config(args.config, args.overrides))
+    train(load_config(*_files_and_overrides(args.config)))
 
 
 def _cmd_eval(args) -> None:
@@ -73,8 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", _cmd_train, "RL training"),
     ):
         s = sub.add_parser(name, help=text)
-        s.add_argument("config", help="experiment YAML file")
-        s.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+        s.add_argument(
+            "config",
+            nargs="+",
+            help="experiment YAML file(s), layered in order, then key.sub=value overrides",
+        )
         s.set_defaults(fn=fn)
     e = sub.add_parser("eval", help="held-out mean pass@1 of a checkpoint")
     e.add_argument("--checkpoint", required=True, help="local checkpoint directory")
@@ -101,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except NonFiniteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -13,13 +13,22 @@ import torch
 from gspo_study.rollout.hf import HFEngine
 
 
-def score(task, problems, batch) -> torch.Tensor:
-    """Rewards for a rollout batch whose row i answers `problems[i]`; truncated rows score 0."""
-    rewards = [
-        0.0 if bool(cut) else task.reward(text, p)
+def safe_reward(task, text: str, problem) -> tuple[float, bool]:
+    """(reward, raised): a reward function that raises scores 0 and is counted, never crashes a run."""
+    try:
+        return float(task.reward(text, problem)), False
+    except Exception:  # noqa: BLE001 - user reward code may raise anything
+        return 0.0, True
+
+
+def score(task, problems, batch) -> tuple[torch.Tensor, int]:
+    """(rewards [B], number of reward calls that raised) for a rollout batch whose row i answers
+    `problems[i]`; truncated rows score 0."""
+    out = [
+        (0.0, False) if bool(cut) else safe_reward(task, text, p)
         for text, p, cut in zip(batch.response_texts, problems, batch.truncated)
     ]
-    return torch.tensor(rewards, dtype=torch.float32)
+    return torch.tensor([r for r, _ in out], dtype=torch.float32), sum(e for _, e in out)
 
 
 def _rewards(engine, task, problems, samples, max_new_tokens, batch_size, generator, greedy, temperature=1.0):
@@ -30,7 +39,7 @@ def _rewards(engine, task, problems, samples, max_new_tokens, batch_size, genera
         batch = engine.generate(
             [p.prompt for p in chunk], max_new_tokens, temperature, generator, greedy=greedy
         )
-        out.append(score(task, chunk, batch))
+        out.append(score(task, chunk, batch)[0])
     return torch.cat(out).view(len(problems), samples)
 
 

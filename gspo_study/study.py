@@ -26,7 +26,9 @@ def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
     name = f"figure-{figure}" if not str(figure).startswith("figure-") else str(figure)
     specs = figures(experiments)
     if name not in specs:
-        raise ConfigError(f"unknown figure {figure!r}; allowed: {', '.join(k.removeprefix('figure-') for k in specs)}")
+        raise ConfigError(
+            f"unknown figure {figure!r}; allowed: {', '.join(k.removeprefix('figure-') for k in specs)}"
+        )
     return specs[name]
 
 
@@ -47,16 +49,24 @@ def scale_base(scale: str, experiments: Path = EXPERIMENTS) -> Path:
     return path
 
 
-def run_config(scale: str, run: str, seed: int, overrides: tuple[str, ...] = (), experiments: Path = EXPERIMENTS) -> Config:
+def run_config(
+    scale: str, run: str, seed: int, overrides: tuple[str, ...] = (), experiments: Path = EXPERIMENTS
+) -> Config:
     run_file = experiments / "runs" / f"{run}.yaml"
     if not run_file.is_file():
         raise ConfigError(f"run file not found: {run_file}")
     return load_config([scale_base(scale, experiments), run_file], [f"seed={seed}", *overrides])
 
 
-def figure_configs(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[tuple[str, Config]]:
+def figure_configs(
+    figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()
+) -> list[tuple[str, Config]]:
     """(run name, config) for every run × seed of a figure."""
-    return [(run, run_config(scale, run, seed, overrides)) for run in figure_spec(figure)["runs"] for seed in seeds]
+    return [
+        (run, run_config(scale, run, seed, overrides))
+        for run in figure_spec(figure)["runs"]
+        for seed in seeds
+    ]
 
 
 def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:

@@ -87,8 +87,13 @@ def git_commit() -> str:
 
 
 def _client(uri: str):
+    import logging
+
     import mlflow
     from mlflow import MlflowClient
+
+    for name in ("mlflow.store.db.utils", "alembic"):  # schema-creation chatter on every new store
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
@@ -114,6 +119,47 @@ def _experiment_id(client, name: str, uri: str) -> str:
         return exp.experiment_id
 
 
+def _probe_http(uri: str) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
+        pass
+
+
+def _connect_once(uri: str, experiment: str):
+    if uri.startswith(("http://", "https://")):
+        _probe_http(uri)
+    client = _client(uri)
+    return client, _experiment_id(client, experiment, uri)
+
+
+def _connect(uri: str, experiment: str):
+    """(client, experiment id); an unreachable store is a one-line ConfigError, found fast (no retry storm)."""
+    # Two runs creating one new sqlite store race on its schema; the loser retries and finds it made.
+    attempts = 4 if uri.startswith("sqlite:") else 1
+    for i in range(attempts):
+        try:
+            return _connect_once(uri, experiment)
+        except Exception as exc:  # noqa: BLE001 - mlflow and urllib raise many types for a bad store
+            if i + 1 == attempts:
+                raise ConfigError(
+                    f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__}); "
+                    "set tracking.uri or MLFLOW_TRACKING_URI to a reachable store"
+                ) from None
+            time.sleep(0.5 * (i + 1))
+
+
+def _retry(fn, *args, attempts: int = 8, **kwargs):
+    """Call `fn`, retrying while a concurrent writer holds the sqlite lock (several runs, one store)."""
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            if "locked" not in str(exc).lower() or i == attempts - 1:
+                raise
+            time.sleep(0.05 * 2**i)
+
+
 @dataclass
 class Tracker:
     """One MLflow run; metrics are logged one step per transaction."""
@@ -124,17 +170,10 @@ class Tracker:
     logged_upto: int  # highest step already in the store (resume skips up to it)
 
     @classmethod
-    def open(cls, cfg: Config) -> Tracker:
-        """Find this config's run in its experiment (resume) or create it."""
+    def open(cls, cfg: Config, create: bool = True) -> Tracker | None:
+        """This config's run (resume), else a new one — or None when `create` is False."""
         uri = tracking_uri(cfg)
-        try:
-            client = _client(uri)
-            exp_id = _experiment_id(client, cfg.tracking.experiment, uri)
-        except Exception as exc:  # noqa: BLE001 - mlflow raises many types for a bad store
-            raise ConfigError(
-                f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__}); "
-                "set tracking.uri or MLFLOW_TRACKING_URI to a reachable store"
-            ) from None
+        client, exp_id = _connect(uri, cfg.tracking.experiment)
         key = run_key(cfg)
         found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
         if found:
@@ -144,7 +183,9 @@ class Tracker:
             if run.info.status not in ("RUNNING", "FINISHED"):
                 client.update_run(run.info.run_id, status="RUNNING")
             return cls(client, run.info.run_id, exp_id, upto)
-        run = client.create_run(exp_id, run_name=run_name(cfg), tags=cls._tags(cfg, key))
+        if not create:
+            return None
+        run = _retry(client.create_run, exp_id, run_name=run_name(cfg), tags=cls._tags(cfg, key))
         cls._log_params(client, run.info.run_id, cfg)
         return cls(client, run.info.run_id, exp_id, -1)
 
@@ -167,7 +208,7 @@ class Tracker:
 
         params = [Param(k, str(v)[:6000]) for k, v in sorted(to_flat_dict(cfg).items())]
         for i in range(0, len(params), 100):
-            client.log_batch(run_id, params=params[i : i + 100])
+            _retry(client.log_batch, run_id, params=params[i : i + 100])
 
     def finished(self) -> bool:
         return self.client.get_run(self.run_id).info.status == "FINISHED"
@@ -180,14 +221,14 @@ class Tracker:
         ts = int(time.time() * 1000)
         batch = [Metric(mlflow_key(k), float(v), ts, step) for k, v in sorted(metrics.items())]
         for i in range(0, len(batch), 900):  # MLflow caps a batch at 1000 metrics
-            self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
+            _retry(self.client.log_batch, self.run_id, metrics=batch[i : i + 900])
         self.logged_upto = step
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        _retry(self.client.log_text, self.run_id, text, artifact_file)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def set_status(self, status: str) -> None:
-        self.client.set_terminated(self.run_id, status=status)
+        _retry(self.client.set_terminated, self.run_id, status=status)

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from gspo_study.config import Config
+from gspo_study.config import Config, ConfigError
+from gspo_study.errors import NonFiniteError
 from gspo_study.evaluate import evaluate, score
 from gspo_study.models.presets import active_params
 from gspo_study.moe import (
@@ -49,10 +50,6 @@ from gspo_study.train.forward import token_logprobs
 from gspo_study.train.torch_backend import TorchBackend
 
 
-class NonFiniteError(RuntimeError):
-    """Too many consecutive updates with a non-finite loss or gradient."""
-
-
 def derive_seed(seed: int, step: int, purpose: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{purpose}".encode()).digest()[:8], "little") >> 1
 
@@ -68,7 +65,7 @@ class Context:
     engine: object
     objective: object
     backend: TorchBackend
-    tracker: Tracker
+    tracker: Tracker | None
     state: RunState
     flops_per_token: float
     samples_text: list[str] = field(default_factory=list)
@@ -245,10 +242,11 @@ def compute_metrics(ctx: Context, batch: RolloutBatch, seconds: float) -> dict[s
 def rl_step(ctx: Context, step: int) -> dict[str, float]:
     start = time.time()
     rows, batch = rollout(ctx, step)
-    rewards = score(ctx.task, rows, batch)
+    rewards, reward_errors = score(ctx.task, rows, batch)
     adv = group_advantages(rewards, ctx.cfg.rollout.group_size, ctx.cfg.algo.advantage_eps)
     old_lp, train_lp, natural_old, replay = old_policy(ctx, batch)
     metrics = rollout_metrics(ctx.cfg, rewards, batch)
+    metrics["rollout/reward_errors"] = float(reward_errors)
     metrics.update(update(ctx, batch, adv, old_lp, replay, step))
     seconds = time.time() - start  # telemetry below is diagnostics, not training compute
     metrics.update(telemetry(ctx, batch, natural_old, train_lp))
@@ -277,17 +275,17 @@ def eval_metrics(ctx: Context) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ loop
-def setup(cfg: Config, tracker: Tracker) -> Context:
+def setup(cfg: Config) -> Context:
+    """Build everything a run needs; every bad input fails here, before the run is tracked."""
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model, tokenizer, state, optim_state = load_run_checkpoint(cfg, tracker.run_id)
+    task = get_task(cfg.task)
+    model, tokenizer, state, optim_state = load_run_checkpoint(cfg)
     if cfg.algo.routing_replay != "none" and not has_moe(model):
-        from gspo_study.config import ConfigError
-
         raise ConfigError(
-            f"algo.routing_replay={cfg.algo.routing_replay!r} needs a model with MoE layers; "
-            "this model has none (use routing_replay=none)"
+            f"algo.routing_replay={cfg.algo.routing_replay!r} needs a model with MoE layers; this model has "
+            "none (allowed here: routing_replay=none)"
         )
     backend = TorchBackend(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.grad_clip)
     if optim_state is not None:
@@ -298,15 +296,16 @@ def setup(cfg: Config, tracker: Tracker) -> Context:
         clip_high=cfg.algo.clip_high,
         aggregation=cfg.algo.aggregation,
     )
+    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.dtype)
     return Context(
         cfg=cfg,
         model=model,
         tokenizer=tokenizer,
-        task=get_task(cfg.task),
-        engine=make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.dtype),
+        task=task,
+        engine=engine,
         objective=objective,
         backend=backend,
-        tracker=tracker,
+        tracker=None,
         state=state,
         flops_per_token=float(active_params(model.config)),
     )
@@ -324,11 +323,12 @@ def _due(step: int, every: int, last: int) -> bool:
 
 def train(cfg: Config) -> dict[str, float]:
     """Run (or resume, or skip if finished) the run this config describes; returns the last metrics."""
-    tracker = Tracker.open(cfg)
-    if tracker.finished():
+    tracker = Tracker.open(cfg, create=False)
+    if tracker is not None and tracker.finished():
         print(f"run {tracker.run_id} ({run_dir(cfg).name}) already finished; skipping")
         return {}
-    ctx = setup(cfg, tracker)
+    ctx = setup(cfg)
+    ctx.tracker = tracker = tracker or Tracker.open(cfg)
     metrics: dict[str, float] = {}
     try:
         if ctx.state.step == 0:

@@ -64,3 +64,15 @@ def test_cli_error_is_one_line_exit_2(capsys):
     assert main(["train", "experiments/smoke/base.yaml", "train.lrr=1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "did you mean 'train.lr'" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])
+def test_every_experiment_file_loads_on_every_scale(scale):
+    from pathlib import Path
+
+    base = Path(f"experiments/{scale}/base.yaml")
+    for extra in sorted(Path("experiments/runs").glob("*.yaml")) + sorted(
+        Path("experiments/ablations").glob("*.yaml")
+    ):
+        load_config([base, extra])
+    load_config(Path(f"experiments/{scale}/coldstart.yaml"))

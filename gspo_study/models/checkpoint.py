@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 from transformers import AutoTokenizer, Qwen3MoeForCausalLM
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # per-shard bars would bury our own progress bar and one-line errors
 
 COMPLETE_MARKER = "CHECKPOINT_COMPLETE"
 

@@ -15,6 +15,7 @@ import copy
 import torch
 from transformers import DynamicCache
 
+from gspo_study.errors import NonFiniteError
 from gspo_study.rollout.base import RolloutBatch, position_ids_from_mask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -88,6 +89,10 @@ class HFEngine:
                 .logits[:, -1]
                 .float()
             )
+            if not torch.isfinite(logits).all():
+                raise NonFiniteError(
+                    f"the policy produced non-finite logits at decode step {step}; the run diverged"
+                )
             logprobs = torch.log_softmax(logits / temperature, dim=-1)
             if greedy:
                 tok = logprobs.argmax(-1)

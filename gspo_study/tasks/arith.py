@@ -19,6 +19,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from gspo_study.config import ConfigError
 from gspo_study.tasks.base import Problem
 
 EVAL_SEED = 20250717  # fixed: the held-out list never depends on the run's seed
@@ -35,9 +36,9 @@ class ArithTask:
     @classmethod
     def from_config(cls, cfg) -> ArithTask:
         if cfg.num_terms < 2:
-            raise ValueError(f"bad value {cfg.num_terms} for 'task.num_terms'; allowed: an integer >= 2")
+            raise ConfigError(f"bad value {cfg.num_terms} for 'task.num_terms'; allowed: an integer >= 2")
         if not 1 <= cfg.digits <= 6:
-            raise ValueError(f"bad value {cfg.digits} for 'task.digits'; allowed: an integer in [1, 6]")
+            raise ConfigError(f"bad value {cfg.digits} for 'task.digits'; allowed: an integer in [1, 6]")
         return cls(num_terms=cfg.num_terms, digits=cfg.digits)
 
     def _draw(self, rng: random.Random) -> tuple[int, ...]:
@@ -72,7 +73,7 @@ class ArithTask:
                 seen.add(terms)
                 out.append(self._problem(terms))
         if len(out) < n:
-            raise ValueError(
+            raise ConfigError(
                 f"arith with {self.num_terms} terms of {self.digits} digits has only about "
                 f"{len(out)} held-out problems; lower eval.num_prompts or raise task.digits"
             )

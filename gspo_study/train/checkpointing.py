@@ -18,7 +18,6 @@ import torch
 
 from gspo_study.config import Config, ConfigError
 from gspo_study.models import load_pretrained, save_pretrained
-from gspo_study.models.checkpoint import CheckpointError
 from gspo_study.runtime import DTYPES
 from gspo_study.tracking import run_key, run_name
 
@@ -61,7 +60,7 @@ def _resume(cfg: Config, path: Path):
     return model, tokenizer, state, optim
 
 
-def load_run_checkpoint(cfg: Config, mlflow_run_id: str):
+def load_run_checkpoint(cfg: Config):
     """(model, tokenizer, RunState, optimizer state or None): the run's last checkpoint, else its start."""
     ckpt = run_dir(cfg) / "checkpoint"
     if ckpt.exists():
@@ -78,11 +77,8 @@ def load_run_checkpoint(cfg: Config, mlflow_run_id: str):
             f"initial checkpoint not found: {start}; run `make coldstart SCALE={cfg.scale}` "
             "or set init_checkpoint"
         )
-    try:
-        model, tokenizer = _load_model(cfg, start)
-    except CheckpointError:
-        raise
-    return model, tokenizer, RunState(mlflow_run_id=mlflow_run_id), None
+    model, tokenizer = _load_model(cfg, start)
+    return model, tokenizer, RunState(), None
 
 
 def save_run_checkpoint(ctx) -> Path:

@@ -1,0 +1,163 @@
+"""Draw figure N of the study from its tracked MLflow runs: `results/<scale>/figure-N.{png,pdf,csv}`.
+
+    python analysis/figures.py --figure 1 --scale cpu [--seeds 1,2,3] [--x compute|steps] [key=value ...]
+
+The figure's runs are those of experiments/figures.yaml at that scale and seeds (`key=value` overrides are
+applied to every run's config, as for `python -m gspo_study sweep`); each is looked up in MLflow by its
+`run_key` tag and must have finished, or the script stops with a one-line error naming what to train
+(exit 2). The PNG, PDF and CSV are also logged as artifacts of a run named `figure-N` in the runs'
+experiment, tagged `figure=N`, `scale`, `seeds`, `x`. Aggregation and CSV columns: analysis/common.py;
+what each figure shows: docs/FIGURES.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.common import (  # noqa: E402
+    PASS1,
+    REWARD,
+    MissingRunError,
+    Panel,
+    Study,
+    bars,
+    curves,
+    draw,
+    label,
+    load,
+    log_outputs,
+    points,
+    reference,
+)
+from gspo_study.config import ConfigError  # noqa: E402
+from gspo_study.study import figure_configs, figure_spec, parse_seeds  # noqa: E402
+
+# The paper's reported values (GSPO paper, arXiv 2507.18071): Figure 2 and §5.3.
+PAPER_CLIP_FRAC = {"gspo": 0.15, "grpo_r2": 0.0013}  # average fraction of clipped tokens, GSPO vs GRPO
+PAPER_VOLATILITY = 0.10  # ~10% of activated experts change after one gradient update (48-layer MoE)
+CLIP, VOL = "policy/clip_frac/token", "moe/routing_volatility"
+
+
+def _reward_pass(s: Study) -> list[Panel]:
+    return [
+        Panel(curves(s, REWARD, "a"), "(a) training reward", "mean reward of the rollout batch"),
+        Panel(curves(s, PASS1, "b"), "(b) held-out pass@1", "mean pass@1"),
+    ]
+
+
+def figure_1(s: Study) -> list[Panel]:
+    return _reward_pass(s)
+
+
+def figure_2(s: Study) -> list[Panel]:
+    refs = [reference(v, label(run), CLIP, "a", run) for run, v in PAPER_CLIP_FRAC.items()]
+    a = bars(s, {0: CLIP}, "a", "all steps")  # one group: a bar per run
+    n = max(r.cfg.train.num_minibatches for r in s.runs)
+    b = bars(s, {j: f"{CLIP}/mb_{j}" for j in range(n)}, "b", "minibatch")
+    return [
+        Panel(_cat(a, *refs), "(a) clipped-token fraction, mean over training", "fraction", " ", True),
+        Panel(b, "(b) per minibatch update (0 = on-policy)", "fraction", "minibatch index", True),
+    ]
+
+
+def figure_3(s: Study) -> list[Panel]:
+    return _reward_pass(s)
+
+
+def figure_4(s: Study) -> list[Panel]:
+    layers = sorted({m for m in s.frame.metric.unique() if m.startswith(f"{VOL}/layer_")})
+    a = bars(s, {int(m.rsplit("_", 1)[1]): m for m in layers}, "a", "layer")
+    ref = [reference(PAPER_VOLATILITY, "~10% per update", f"{VOL}/overall", p) for p in "ab"]
+    return [
+        Panel(_cat(a, ref[0]), "(a) per layer, mean over training", "changed expert choices", "layer", True),
+        Panel(_cat(curves(s, f"{VOL}/overall", "b"), ref[1]), "(b) all MoE layers", "changed expert choices",
+              logy=True),
+    ]  # fmt: skip
+
+
+def figure_5(s: Study) -> list[Panel]:
+    metrics = ("policy/ratio/token_var", "policy/ratio/seq_var")
+    length = "rollout/response_len/mean"
+    return [
+        Panel(_cat(*(curves(s, m, "a") for m in metrics)), "(a) over training", "ratio variance", logy=True),
+        Panel(_cat(*(points(s, m, length, "b") for m in metrics)), "(b) against response length (per step)",
+              "ratio variance", "mean response length (tokens)", True),
+    ]  # fmt: skip
+
+
+def figure_6(s: Study) -> list[Panel]:
+    return [
+        *_reward_pass(s),
+        Panel(curves(s, "mismatch/k3", "c"), "(c) rollout–trainer k3 KL", "k3"),
+        Panel(curves(s, "mismatch/f_tau_2", "d"), "(d) tokens with ratio beyond ×2", "F(τ=2)"),
+    ]
+
+
+def figure_7(s: Study) -> list[Panel]:
+    return [*_reward_pass(s), Panel(curves(s, "mismatch/k3", "c"), "(c) rollout–trainer k3 KL", "k3")]
+
+
+FIGURES = {1: figure_1, 2: figure_2, 3: figure_3, 4: figure_4, 5: figure_5, 6: figure_6, 7: figure_7}
+
+
+def _cat(*frames):
+    import pandas as pd
+
+    return pd.concat([f for f in frames if not f.empty], ignore_index=True)
+
+
+def load_figure(figure: int, scale: str, seeds: list[int], overrides=(), x: str = "compute") -> Study:
+    """The figure's tracked runs; a missing or unfinished one is an error naming what to train."""
+    study = load(figure_configs(figure, scale, seeds, tuple(overrides)), x)
+    if study.missing:
+        what = ", ".join(f"{run} seed {seed} ({why})" for run, seed, why in study.missing)
+        todo = ",".join(str(s) for s in sorted({seed for _, seed, _ in study.missing}))
+        cmd = " ".join(
+            [f"python -m gspo_study sweep --figure {figure} --scale {scale} --seeds {todo}", *overrides]
+        )
+        raise MissingRunError(
+            f"figure {figure}: no finished MLflow run for {what} in experiment {study.experiment!r} at "
+            f"{study.uri}; train it: {cmd}"
+        )
+    return study
+
+
+def make_figure(figure: int, scale: str, seeds: list[int], overrides=(), x: str = "compute") -> list[Path]:
+    """Draw, save and log figure N; returns the png, pdf and csv paths."""
+    from analysis.common import save
+
+    if figure not in FIGURES:
+        raise ConfigError(f"unknown figure {figure}; allowed: {', '.join(map(str, FIGURES))}")
+    study = load_figure(figure, scale, seeds, overrides, x)
+    fig, rows = draw(study, figure, figure_spec(figure)["title"], FIGURES[figure](study))
+    paths = save(fig, rows, study.out_dir, f"figure-{figure}")
+    tags = {"figure": str(figure), "scale": scale, "seeds": ",".join(map(str, seeds)), "x": x}
+    log_outputs(study, f"figure-{figure}", tags, paths)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--figure", type=int, required=True, help="figure number (experiments/figures.yaml)")
+    p.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
+    p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
+    p.add_argument("--x", choices=("compute", "steps"), default="compute", help="x axis of curves")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
+    args = p.parse_args(argv)
+    try:
+        seeds = parse_seeds(args.seeds, args.scale)
+        paths = make_figure(args.figure, args.scale, seeds, args.overrides, args.x)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""`results/<scale>/REPORT.md`: each claim of the GSPO paper, the paper's number, ours, and a verdict.
+
+    python analysis/report.py --scale cpu [--seeds 1,2,3] [key=value ...]
+
+Everything is computed from the tracked MLflow runs (found as in analysis/figures.py); a claim whose runs
+are missing or unfinished says "not run". Per-seed measures:
+- final pass@1: `eval/pass@1` at the run's last evaluation (its last step);
+- final reward: `rollout/reward/mean` averaged over the last evaluation interval, the steps after
+  `train.steps − eval.every` (all steps when eval.every is 0);
+- training averages (clip fraction, routing volatility): the metric averaged over every logged step.
+Differences are paired by seed (every run of a seed starts from the same cold start and sees the same
+prompts and sampling streams): Δ_s = A_s − B_s, reported as mean and 95% Student-t interval over seeds.
+
+Verdict rule (`verdict`), for a claim that A − B has the paper's sign:
+- "reproduces" if the interval of Δ excludes 0 on the paper's side, "not reproduced" if it excludes 0 on
+  the other side, "inconclusive" otherwise (including fewer than 2 seeds);
+- "no harm" claims (§5.4: A is not worse than B): "not reproduced" if the interval lies below 0,
+  "consistent" otherwise (no harm detected at this number of seeds; read the interval's width);
+- magnitude claims (the paper's ~value): "reproduces" if our interval lies within one order of magnitude
+  of the paper's value (between value/10 and value·10), "not reproduced" if it lies wholly outside,
+  "inconclusive" otherwise;
+- a claim measured in several ways is "not reproduced" if any measure is, "reproduces" (or "consistent")
+  if all are, else "inconclusive".
+The REPORT.md is also logged as an artifact of a run named `report` (tags `report=<scale>`, `seeds`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd  # noqa: E402
+
+from analysis.common import PASS1, REWARD, Study, label, load, log_outputs, mean_ci  # noqa: E402
+from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY  # noqa: E402
+from gspo_study.config import ConfigError  # noqa: E402
+from gspo_study.study import parse_seeds, run_config  # noqa: E402
+
+ORDER_OF_MAGNITUDE = 10.0  # what "~value" is read as, for magnitude claims (see the verdict rule)
+CLIP, VOL = "policy/clip_frac/token", "moe/routing_volatility/overall"
+
+
+# ------------------------------------------------------------------------------------------------ measures
+def final_pass(study: Study, run: str) -> pd.Series:
+    f = study.values(PASS1, run).sort_values("step")
+    return f.groupby("seed").value.last()
+
+
+def final_reward(study: Study, run: str) -> pd.Series:
+    out = {}
+    for r in (r for r in study.runs if r.run == run):
+        t = r.cfg.train
+        start = t.steps - r.cfg.eval.every if r.cfg.eval.every > 0 else 0
+        f = study.values(REWARD, run)
+        out[r.seed] = f[(f.seed == r.seed) & (f.step > start)].value.mean()
+    return pd.Series(out, dtype=float)
+
+
+def training_mean(metric: str):
+    def measure(study: Study, run: str) -> pd.Series:
+        return study.values(metric, run).groupby("seed").value.mean()
+
+    return measure
+
+
+# ------------------------------------------------------------------------------------------------ verdicts
+def _fmt(mean: float, lo: float, hi: float) -> str:
+    return f"{mean:.4g}" + ("" if math.isnan(lo) else f" [{lo:.4g}, {hi:.4g}]")
+
+
+def verdict(kind: str, lo: float, hi: float, sign: int = 1, paper: float = math.nan) -> str:
+    if math.isnan(lo):
+        return "inconclusive"
+    if kind == "no_harm":
+        return "not reproduced" if hi < 0 else "consistent"
+    if kind == "magnitude":
+        low, high = paper / ORDER_OF_MAGNITUDE, paper * ORDER_OF_MAGNITUDE
+        inside, outside = low <= lo and hi <= high, hi < low or lo > high
+        return "reproduces" if inside else "not reproduced" if outside else "inconclusive"
+    lo, hi = sorted((sign * lo, sign * hi))
+    return "reproduces" if lo > 0 else "not reproduced" if hi < 0 else "inconclusive"
+
+
+def combine(verdicts: list[str]) -> str:
+    if "not reproduced" in verdicts:
+        return "not reproduced"
+    if all(v in ("reproduces", "consistent") for v in verdicts):
+        return verdicts[0] if len(set(verdicts)) == 1 else "reproduces"
+    return "inconclusive"
+
+
+def difference(study: Study, measure, a: str, b: str, name: str, kind: str, sign: int) -> tuple[str, str]:
+    """`name`: A − B paired by seed, as text with both sides, and its verdict."""
+    va, vb = measure(study, a), measure(study, b)
+    mean, lo, hi, n = mean_ci((va - vb).dropna())
+    text = (
+        f"{name}: {label(a)} {_fmt(*mean_ci(va)[:3])} vs {label(b)} {_fmt(*mean_ci(vb)[:3])}; "
+        f"Δ {_fmt(mean, lo, hi)} (n={n})"
+    )
+    return text, verdict(kind, lo, hi, sign)
+
+
+# ------------------------------------------------------------------------------------------------ claims
+@dataclass
+class Claim:
+    text: str
+    paper: str
+    runs: tuple[str, ...]
+    measure: object  # (study) -> (ours text, verdict)
+
+
+def _efficiency(study: Study):
+    parts = [
+        difference(study, final_pass, "gspo", "grpo_r2", "final pass@1", "diff", +1),
+        difference(study, final_reward, "gspo", "grpo_r2", "final reward", "diff", +1),
+    ]
+    return "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
+
+
+def _clipping(study: Study):
+    text, v = difference(study, training_mean(CLIP), "gspo", "grpo_r2", "clip fraction", "diff", +1)
+    a, b = (training_mean(CLIP)(study, r).mean() for r in ("gspo", "grpo_r2"))
+    return f"{text}; ratio ×{a / b:.3g}" if b > 0 else text, v
+
+
+def _replay(study: Study):
+    parts = [
+        difference(study, final_pass, "grpo", "grpo_r2", "final pass@1", "diff", -1),
+        difference(study, final_reward, "grpo", "grpo_r2", "final reward", "diff", -1),
+    ]
+    return "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
+
+
+def _volatility(study: Study):
+    texts, verdicts = [], []
+    for run in ("gspo", "grpo"):
+        mean, lo, hi, n = mean_ci(training_mean(VOL)(study, run))
+        updates = next(r.cfg.train.num_minibatches for r in study.runs if r.run == run)
+        texts.append(f"{label(run)} {_fmt(mean, lo, hi)} (n={n}, after a step's {updates} updates)")
+        verdicts.append(verdict("magnitude", lo, hi, paper=PAPER_VOLATILITY))
+    return "; ".join(texts), combine(verdicts)
+
+
+def _precision(study: Study):
+    a, b = "gspo_bf16_rollout", "gspo_bf16_recompute"
+    parts = [
+        difference(study, final_pass, a, b, "final pass@1", "no_harm", +1),
+        difference(study, final_reward, a, b, "final reward", "no_harm", +1),
+    ]
+    return "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
+
+
+CLAIMS = [
+    Claim("GSPO trains more efficiently than GRPO + R2 (Fig. 1)", "higher reward and benchmark scores "
+          "at equal training compute", ("gspo", "grpo_r2"), _efficiency),
+    Claim("GSPO clips about 100× more tokens than GRPO (Fig. 2)",
+          f"{PAPER_CLIP_FRAC['gspo']} vs {PAPER_CLIP_FRAC['grpo_r2']}", ("gspo", "grpo_r2"), _clipping),
+    Claim("GRPO without Routing Replay fails to converge normally on MoE (Fig. 3)", "lower reward and "
+          "scores than GRPO + R2", ("grpo", "grpo_r2"), _replay),
+    Claim("Expert volatility: ~10% of activated experts change per update (§5.3)", f"~{PAPER_VOLATILITY} "
+          "(48-layer Qwen3-30B-A3B, one update)", ("gspo", "grpo"), _volatility),
+    Claim("GSPO tolerates precision mismatch: rollout log-probs need no recompute (§5.4)", "no loss "
+          "(no number reported)", ("gspo_bf16_rollout", "gspo_bf16_recompute"), _precision),
+]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _commit() -> str:
+    try:
+        cmd = ["git", "rev-parse", "--short", "HEAD"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def rows(study: Study) -> list[tuple[str, str, str, str]]:
+    """(claim, paper, ours, verdict) per claim; "not run" where a run or seed is missing."""
+    absent = {run for run, _, _ in study.missing}
+    out = []
+    for c in CLAIMS:
+        gone = [r for r in c.runs if r in absent]
+        if gone:
+            seeds = sorted({s for r, s, _ in study.missing if r in gone})
+            out.append((c.text, c.paper, f"missing: {', '.join(gone)} (seeds {seeds})", "not run"))
+            continue
+        ours, v = c.measure(study)
+        out.append((c.text, c.paper, ours, v))
+    return out
+
+
+def render(study: Study, scale: str, seeds: list[int]) -> str:
+    commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in study.runs}) or ["(no runs)"]
+    lines = [
+        f"# Reproduction report: scale `{scale}`",
+        "",
+        f"- seeds: {', '.join(map(str, seeds))}",
+        f"- git commit(s) of the runs: {', '.join(commits)}; report drawn at {_commit()}",
+        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- runs: MLflow experiment `{study.experiment}` at `{study.uri}`",
+        "",
+        "| # | claim (GSPO paper) | paper | ours (mean [95% CI]) | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for i, row in enumerate(rows(study), 1):
+        lines.append(f"| {i} | " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    rule = __doc__.split("Per-seed measures:", 1)[1].split("The REPORT.md", 1)[0]
+    return "\n".join(lines) + "\n\n## How the numbers and verdicts are computed\n\nPer-seed measures:" + rule
+
+
+def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
+    runs = list(dict.fromkeys(r for c in CLAIMS for r in c.runs))
+    study = load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds])
+    path = study.out_dir / "REPORT.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(study, scale, seeds))
+    if study.runs:
+        log_outputs(study, "report", {"report": scale, "seeds": ",".join(map(str, seeds))}, [path])
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
+    p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
+    args = p.parse_args(argv)
+    try:
+        path = make_report(args.scale, parse_seeds(args.seeds, args.scale), args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

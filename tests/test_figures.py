@@ -1,0 +1,226 @@
+"""Figures 1–7 and the report from tracked smoke runs (2 seeds): every figure's runs train once (shared runs
+are not retrained), its png/pdf/csv are written under results/smoke and logged to MLflow, and every CSV row
+equals what the test recomputes on its own from the MLflow metric histories."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
+
+from analysis import figures, report  # noqa: E402
+from gspo_study.study import figure_configs, run_config, run_figure  # noqa: E402
+from gspo_study.tracking import mlflow_key, run_key  # noqa: E402
+
+SEEDS = [1, 2]
+PAPER_VALUES = {0.15, 0.0013, 0.10}
+CLIP, VOL = "policy/clip_frac/token", "moe/routing_volatility"
+REWARD, PASS1 = "rollout/reward/mean", "eval/pass@1"
+# (kind, metric) every run of the figure must show; "mb_*" / "layer_*" expand to the run's minibatches / layers.
+EXPECTED = {
+    1: {("curve", REWARD), ("curve", PASS1)},
+    2: {("bar", CLIP), ("bar", f"{CLIP}/mb_*")},
+    3: {("curve", REWARD), ("curve", PASS1)},
+    4: {("bar", f"{VOL}/layer_*"), ("curve", f"{VOL}/overall")},
+    5: {(k, f"policy/ratio/{m}") for k in ("curve", "point") for m in ("token_var", "seq_var")},
+    6: {("curve", m) for m in (REWARD, PASS1, "mismatch/k3", "mismatch/f_tau_2")},
+    7: {("curve", m) for m in (REWARD, PASS1, "mismatch/k3")},
+}
+
+
+@pytest.fixture(scope="module")
+def study(smoke_results, tmp_path_factory):
+    """(results root, overrides) of a private study store; RL runs start from the session's cold start."""
+    root = tmp_path_factory.mktemp("study")
+    return root, (
+        f"results_dir={root}",
+        f"tracking.uri=sqlite:///{root}/mlflow.db",
+        f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart",
+    )
+
+
+def tracked(client: MlflowClient) -> dict[str, list[tuple[str, int]]]:
+    """run_key → [(run id, end time)] of every training run in the smoke experiment."""
+    exp = client.get_experiment_by_name("study-smoke")
+    out: dict[str, list] = {}
+    for r in client.search_runs([exp.experiment_id]) if exp else []:
+        if "run_key" in r.data.tags:
+            out.setdefault(r.data.tags["run_key"], []).append((r.info.run_id, r.info.end_time))
+    return out
+
+
+def histories(client: MlflowClient, pairs) -> dict[tuple[str, int], dict[str, dict[int, float]]]:
+    """(run name, seed) → metric → {step: value}, straight from MLflow."""
+    exp = client.get_experiment_by_name("study-smoke")
+    out = {}
+    for name, cfg in pairs:
+        run = client.search_runs([exp.experiment_id], f"tags.run_key = '{run_key(cfg)}'")[0]
+        out[(name, cfg.seed)] = {
+            k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
+            for k in run.data.metrics
+        }
+    return out
+
+
+def seed_stats(values: list[float]) -> tuple[float, float, float, int]:
+    v = np.array(values, dtype=float)
+    if len(v) < 2:
+        return float(v.mean()), math.nan, math.nan, len(v)
+    half = stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
+    return float(v.mean()), float(v.mean() - half), float(v.mean() + half), len(v)
+
+
+def expected(row, hist, seeds) -> tuple[float, float, float, float, int]:
+    """(x, mean, lower, upper, n_seeds) of a CSV row, recomputed from the histories."""
+    key = mlflow_key(row.metric)
+    if row.kind == "reference":
+        assert row.mean in PAPER_VALUES
+        return row.x, row.mean, math.nan, math.nan, 0
+    if row.kind == "point":
+        h = hist[(row.run, int(row.seed))]
+        step = int(row.step)
+        return h[mlflow_key(row.x_name)][step], h[key][step], math.nan, math.nan, 1
+    if row.kind == "bar":
+        return (row.x, *seed_stats([np.mean(list(hist[(row.run, s)][key].values())) for s in seeds]))
+    step = int(row.step)
+    have = [s for s in seeds if step in hist[(row.run, s)][key]]
+    flops = [0.0 if step == 0 else hist[(row.run, s)]["compute/flops"][step] for s in have]
+    x = float(np.mean(flops)) if row.x_name == "compute/flops" else float(step)
+    return (x, *seed_stats([hist[(row.run, s)][key][step] for s in have]))
+
+
+def close(a, b) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-9
+
+
+def check_csv(csv: pd.DataFrame, figure: int, pairs, hist) -> None:
+    for row in csv.itertuples():
+        want = expected(row, hist, SEEDS)
+        got = (row.x, row.mean, row.lower, row.upper, row.n_seeds)
+        assert all(close(float(a), float(b)) for a, b in zip(got, want)), (row, want)
+    for metric, g in csv[csv.kind == "curve"].groupby("metric"):  # every logged step is drawn
+        for run, rows in g.groupby("run"):
+            logged = set().union(*(hist[(run, s)][mlflow_key(metric)] for s in SEEDS))
+            assert sorted(rows.step.astype(int)) == sorted(logged), (run, metric)
+    for name, cfg in pairs:
+        drawn = {(r.kind, r.metric) for r in csv[csv.run == name].itertuples()}
+        for kind, metric in EXPECTED[figure]:
+            if metric.endswith("*"):  # every minibatch index / MoE layer the run logged
+                metrics = {m for m in hist[(name, cfg.seed)] if m.startswith(metric[:-1])}
+                assert metrics and {(kind, m) for m in metrics} <= drawn, (name, metric)
+                assert "mb_" not in metric or len(metrics) == cfg.train.num_minibatches
+            else:
+                assert (kind, metric) in drawn, (name, kind, metric)
+
+
+@pytest.mark.parametrize("figure", sorted(figures.FIGURES))
+def test_figure_from_tracked_runs(study, figure):
+    root, overrides = study
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    before = tracked(client)
+    cfgs = run_figure(figure, "smoke", SEEDS, overrides)
+    after = tracked(client)
+    keys = {run_key(c) for c in cfgs}
+    assert set(after) - set(before) == keys - set(before)  # only the figure's missing runs were trained
+    assert all(after[k] == v for k, v in before.items())  # runs of earlier figures were not touched
+    assert all(len(v) == 1 for v in after.values())  # a shared run exists once
+
+    paths = figures.make_figure(figure, "smoke", SEEDS, overrides)
+    assert [p.name for p in paths] == [f"figure-{figure}.{e}" for e in ("png", "pdf", "csv")]
+    assert all(p.parent == root / "smoke" and p.stat().st_size > 0 for p in paths)
+    pairs = figure_configs(figure, "smoke", SEEDS, overrides)
+    check_csv(pd.read_csv(paths[2]), figure, pairs, histories(client, pairs))
+
+    exp = client.get_experiment_by_name("study-smoke")
+    query = f"tags.figure = '{figure}' and tags.seeds = '1,2' and tags.x = 'compute'"
+    fig_runs = client.search_runs([exp.experiment_id], query)
+    assert len(fig_runs) == 1 and fig_runs[0].info.run_name == f"figure-{figure}"
+    logged = {a.path for a in client.list_artifacts(fig_runs[0].info.run_id)}
+    assert logged == {p.name for p in paths}
+
+
+def test_steps_axis(study):
+    root, overrides = study
+    run_figure(3, "smoke", SEEDS, overrides)
+    paths = figures.make_figure(3, "smoke", SEEDS, overrides, x="steps")
+    csv = pd.read_csv(paths[2])
+    curves = csv[csv.kind == "curve"]
+    assert (curves.x_name == "step").all() and (curves.x == curves.step).all()
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    pairs = figure_configs(3, "smoke", SEEDS, overrides)
+    check_csv(csv, 3, pairs, histories(client, pairs))
+
+
+def test_missing_run_is_a_one_line_error(study, capsys):
+    _, overrides = study
+    assert figures.main(["--figure", "1", "--scale", "smoke", "--seeds", "9", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "gspo seed 9" in err and "gspo_study sweep --figure 1" in err
+
+
+def test_make_reproduce_figure_1_path(study):
+    """The two commands `make reproduce-figure-1 SCALE=smoke SEEDS=1` runs, with the study's overrides
+    appended (the Makefile has no variable for them)."""
+    root, overrides = study
+    dry = subprocess.run(
+        ["make", "-n", "reproduce-figure-1", "SCALE=smoke", "SEEDS=1"], cwd=ROOT, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    commands = [c for c in dry.stdout.splitlines() if "gspo_study sweep" in c or "analysis/figures.py" in c]
+    assert len(commands) == 2, dry.stdout
+    extra = " ".join(shlex.quote(o) for o in overrides)
+    for cmd in commands:
+        done = subprocess.run(
+            f"{cmd} {extra}", shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    csv = pd.read_csv(root / "smoke" / "figure-1.csv")
+    assert set(csv[csv.kind == "curve"].n_seeds) == {1} and (root / "smoke" / "figure-1.png").is_file()
+
+
+def test_report_one_row_per_claim(study):
+    root, overrides = study
+    run_figure(1, "smoke", SEEDS, overrides)
+    path = report.make_report("smoke", SEEDS, overrides)
+    assert path == root / "smoke" / "REPORT.md"
+    text = path.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(table) == len(report.CLAIMS)
+    assert "seeds: 1, 2" in text and "git commit(s) of the runs:" in text and "date:" in text
+    verdicts = [line.rstrip(" |").rsplit("| ", 1)[1] for line in table]
+    allowed = {"reproduces", "not reproduced", "inconclusive", "consistent", "not run"}
+    assert set(verdicts) <= allowed and verdicts[0] != "not run"
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    pairs = [(n, run_config("smoke", n, s, overrides)) for n in ("gspo",) for s in SEEDS]
+    hist = histories(client, pairs)
+    final = np.mean([h[mlflow_key(PASS1)][max(h[mlflow_key(PASS1)])] for h in hist.values()])
+    assert f"GSPO {final:.4g}" in table[0]  # claim 1 quotes GSPO's final pass@1 over seeds
+
+
+def test_report_without_runs_says_not_run(study, tmp_path):
+    _, overrides = study
+    moved = (*overrides, f"results_dir={tmp_path}", "tracking.experiment=never-trained")
+    text = report.make_report("smoke", [1], moved).read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(report.CLAIMS) and all(r.endswith("| not run |") for r in rows)
+
+
+def test_smoke_never_writes_under_cpu(study):
+    root, overrides = study
+    run_figure(1, "smoke", [1], overrides)
+    figures.make_figure(1, "smoke", [1], overrides)
+    assert not (root / "cpu").exists()
+    assert {p.name for p in root.iterdir()} <= {"smoke", "mlflow.db", "mlartifacts"}
+    assert run_config("smoke", "gspo", 1).out_dir == Path("results/smoke")
+    assert run_config("cpu", "gspo", 1).out_dir == Path("results/cpu")

@@ -1,0 +1,134 @@
+"""A real `mlflow server` over a store holding the smoke runs of figure 1 and the figure itself: its REST API
+(plain urllib, no MLflow client) shows the runs' params, tags, metric histories and the figure artifacts.
+Every wait is bounded and the server's whole process group is stopped in teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
+
+from analysis.figures import make_figure  # noqa: E402
+from gspo_study.study import figure_configs, run_figure  # noqa: E402
+from gspo_study.tracking import run_key  # noqa: E402
+
+READY_S = 60
+TIMEOUT_S = 10  # per HTTP request
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (it starts job-runner children), SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="module")
+def server(smoke_results, tmp_path_factory):
+    """(base URL, study overrides) of a server over a fresh store with figure 1's runs (seed 1)."""
+    root = tmp_path_factory.mktemp("served")
+    overrides = (
+        f"results_dir={root}",
+        f"tracking.uri=sqlite:///{root}/mlflow.db",
+        f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart",
+    )
+    run_figure(1, "smoke", [1], overrides)
+    make_figure(1, "smoke", [1], overrides)
+    port = _free_port()
+    cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+           f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "mlartifacts"),
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    log = open(root / "server.log", "w")  # closed in teardown, after the server stops
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc, root / "server.log")
+        yield url, overrides
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited ({proc.returncode}): {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"mlflow server not ready after {READY_S} s: {log.read_text()[-2000:]}")
+
+
+def _get(url: str, path: str, **query) -> dict:
+    with urllib.request.urlopen(f"{url}{path}?{urllib.parse.urlencode(query)}", timeout=TIMEOUT_S) as r:
+        return json.loads(r.read())
+
+
+def _post(url: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        f"{url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+        return json.loads(r.read())
+
+
+def _search(url: str, exp_id: str, filter_string: str) -> list[dict]:
+    body = {"experiment_ids": [exp_id], "filter": filter_string, "max_results": 10}
+    return _post(url, "/api/2.0/mlflow/runs/search", body).get("runs", [])
+
+
+def test_rest_api_serves_runs_metrics_and_figure(server):
+    url, overrides = server
+    exp = _get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="study-smoke")["experiment"]
+    for name, cfg in figure_configs(1, "smoke", [1], overrides):
+        runs = _search(url, exp["experiment_id"], f"tags.run_key = '{run_key(cfg)}'")
+        assert len(runs) == 1, name
+        run = runs[0]
+        assert run["info"]["status"] == "FINISHED"
+        params = {p["key"]: p["value"] for p in run["data"]["params"]}
+        tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+        assert params["algo.objective"] == cfg.algo.objective
+        assert params["algo.routing_replay"] == cfg.algo.routing_replay
+        assert tags["algorithm"] == cfg.algo.objective and tags["routing_replay"] == cfg.algo.routing_replay
+        assert tags["seed"] == "1" and len(tags["git_commit"]) > 0
+        hist = _get(url, "/api/2.0/mlflow/metrics/get-history", run_id=run["info"]["run_id"],
+                    metric_key="rollout/reward/mean")["metrics"]  # fmt: skip
+        assert sorted(m["step"] for m in hist) == [1, 2, 3]
+        assert all(0.0 <= m["value"] <= 1.0 for m in hist)
+
+    figure_runs = _search(url, exp["experiment_id"], "tags.figure = '1'")
+    assert len(figure_runs) == 1 and figure_runs[0]["info"]["run_name"] == "figure-1"
+    listed = _get(url, "/api/2.0/mlflow/artifacts/list", run_id=figure_runs[0]["info"]["run_id"])
+    assert {f["path"] for f in listed["files"]} >= {"figure-1.png", "figure-1.pdf", "figure-1.csv"}
+    query = urllib.parse.urlencode({"path": "figure-1.csv", "run_uuid": figure_runs[0]["info"]["run_id"]})
+    with urllib.request.urlopen(f"{url}/get-artifact?{query}", timeout=TIMEOUT_S) as r:
+        served = r.read().decode()
+    assert served == (Path(overrides[0].split("=", 1)[1]) / "smoke" / "figure-1.csv").read_text()

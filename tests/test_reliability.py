@@ -1,0 +1,223 @@
+"""Reliability: resume after SIGKILL at any moment, corrupt checkpoints skipped, non-finite guards,
+one-line errors that write nothing, failing reward functions, concurrent writers to one MLflow store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from gspo_study.cli import main
+from gspo_study.errors import NonFiniteError
+from gspo_study.models import build_char_tokenizer, build_model, save_pretrained
+from gspo_study.tasks import TASKS
+from gspo_study.tasks.arith import ArithTask
+from gspo_study.tracking import tracking_uri
+from gspo_study.train.checkpointing import RunState, run_dir
+from gspo_study.train.torch_backend import TorchBackend
+from gspo_study.trainer import train
+from tests.test_trainer import WALL_CLOCK, history
+
+SMOKE = "experiments/smoke/base.yaml"
+
+
+def _overrides(root: Path, init: Path, *extra: str) -> list[str]:
+    return [
+        f"results_dir={root}",
+        f"tracking.uri=sqlite:///{root}/mlflow.db",
+        f"init_checkpoint={init}",
+        *extra,
+    ]
+
+
+def _spawn(overrides, env=None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "gspo_study", "train", SMOKE, *overrides]
+    return subprocess.Popen(
+        cmd,
+        env={**os.environ, "TQDM_DISABLE": "1", **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _same_metrics(ref_cfg, other_cfg):
+    a, b = history(ref_cfg), history(other_cfg)
+    assert a.keys() == b.keys()
+    for k in a.keys() - WALL_CLOCK:
+        assert a[k] == b[k], k
+
+
+def test_external_sigkill_during_checkpoint_then_resume(smoke_cfg, smoke_results, tmp_path):
+    args = ["train.steps=6", "train.checkpoint_every=1", "eval.every=3"]
+    ref = smoke_cfg(*args, "tracking.experiment=ref")
+    train(ref)
+    init = smoke_results / "smoke/checkpoints/coldstart"
+    over = _overrides(tmp_path, init, *args)
+    proc = _spawn(over)
+    from gspo_study.config import load_config
+
+    cfg = load_config(SMOKE, over)
+    runs = run_dir(cfg)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:  # kill mid-write if we catch one, else after ckpt 1
+        if runs.exists() and (
+            any(p.name.startswith(".checkpoint.tmp") for p in runs.iterdir())
+            or (runs / "checkpoint").exists()
+        ):
+            break
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    again = _spawn(over)
+    assert again.wait(timeout=300) == 0, again.stderr.read()[-2000:]
+    _same_metrics(ref, cfg)
+
+
+def test_corrupt_checkpoint_is_skipped_with_warning(smoke_cfg, smoke_results, tmp_path):
+    args = ["train.steps=4", "train.checkpoint_every=2"]
+    ref = smoke_cfg(*args, "tracking.experiment=ref")
+    train(ref)
+    init = smoke_results / "smoke/checkpoints/coldstart"
+    over = _overrides(tmp_path, init, *args)
+    killed = _spawn(over, env={"GSPO_STUDY_KILL_AT_STEP": "3"})
+    assert killed.wait(timeout=300) == -signal.SIGKILL
+    from gspo_study.config import load_config
+
+    cfg = load_config(SMOKE, over)
+    weights = next((run_dir(cfg) / "checkpoint").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated: unreadable
+    with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
+        train(cfg)
+    _same_metrics(ref, cfg)
+
+
+def test_nonfinite_update_is_skipped_and_counted():
+    tok = build_char_tokenizer()
+    model = build_model("qwen3-moe-smoke", tok, seed=0)
+    backend = TorchBackend(model, lr=1e-3, weight_decay=0.0, grad_clip=1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.randint(4, len(tok), (2, 5))).logits.sum() * float("nan")
+    loss.backward()
+    norm = backend.step(lr=1e-3)
+    assert norm != norm  # NaN reported
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing applied
+    assert all(p.grad is None for p in model.parameters())  # and the bad gradient dropped
+    state = RunState()
+    for n in (1.0, float("nan"), float("inf"), 2.0, float("nan")):
+        state.note_update(n)
+    assert (state.nonfinite_streak, state.nonfinite_total) == (1, 3)
+
+
+def test_diverging_run_stops_cleanly_without_nonfinite_checkpoint(smoke_cfg, capsys):
+    cfg = smoke_cfg(
+        "train.lr=1e30", "train.steps=3", "train.checkpoint_every=1", "train.max_nonfinite_updates=2"
+    )
+    with pytest.raises(NonFiniteError):
+        train(cfg)
+    ckpt = run_dir(cfg) / "checkpoint"
+    if ckpt.exists():  # whatever was written before divergence is finite
+        from safetensors.torch import load_file
+
+        for t in load_file(str(next(ckpt.glob("*.safetensors")))).values():
+            assert torch.isfinite(t).all()
+    client = MlflowClient(tracking_uri(cfg))
+    run = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])[0]
+    assert run.info.status == "FAILED"
+    assert main(["train", SMOKE, *[f"{k}={v}" for k, v in _cli_pairs(cfg)]]) == 3
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error:") and "non-finite" in err
+
+
+def _cli_pairs(cfg):
+    return [
+        ("results_dir", cfg.results_dir),
+        ("tracking.uri", cfg.tracking.uri),
+        ("init_checkpoint", cfg.init_checkpoint),
+        ("train.lr", "1e30"),
+        ("train.steps", 3),
+        ("train.max_nonfinite_updates", 2),
+        ("seed", 7),
+    ]
+
+
+def _no_moe_checkpoint(path: Path) -> Path:
+    tok = build_char_tokenizer()
+    model = build_model("qwen3-moe-smoke", tok, seed=0)
+    model.config.mlp_only_layers = [0, 1]
+    dense = type(model)(model.config)
+    save_pretrained(dense, tok, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["rollout.group_size=1"], "'rollout.group_size'"),
+        (["train.num_minibatches=3"], "divisor of the rollout batch"),
+        (["algo.clip_high=-1"], "'algo.clip_high'"),
+        (["init_checkpoint=/nonexistent/ckpt"], "not found"),
+        (["task.name=math_file", "task.path=/nonexistent/data.jsonl"], "dataset file not found"),
+        (["tracking.uri=http://127.0.0.1:9"], "unreachable"),
+        (["algo.routing_replay=r2", "init_checkpoint=NO_MOE"], "needs a model with MoE layers"),
+        (["init_checkpoint=NOT_QWEN"], "Qwen3-MoE checkpoint"),
+    ],
+)
+def test_bad_input_one_line_nothing_written(smoke_results, tmp_path, capsys, extra, fragment):
+    no_moe = _no_moe_checkpoint(tmp_path / "dense") if "init_checkpoint=NO_MOE" in extra else None
+    not_qwen = tmp_path / "llama"
+    not_qwen.mkdir()
+    (not_qwen / "config.json").write_text('{"model_type": "llama"}')
+    extra = [e.replace("NO_MOE", str(no_moe)).replace("NOT_QWEN", str(not_qwen)) for e in extra]
+    init = smoke_results / "smoke/checkpoints/coldstart"
+    rc = main(["train", SMOKE, *_overrides(tmp_path / "res", init, *extra)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error:") and fragment in err and "\n" not in err, err
+    assert not (tmp_path / "res" / "smoke" / "runs").exists()  # no run directory, no checkpoint
+    db = tmp_path / "res" / "mlflow.db"
+    if db.exists():  # the store may exist, but holds no run
+        client = MlflowClient(f"sqlite:///{db}")
+        exps = [e.experiment_id for e in client.search_experiments()]
+        assert not client.search_runs(exps)
+
+
+class FlakyRewardTask(ArithTask):
+    def reward(self, completion, problem):
+        if int(problem.answer) % 2:
+            raise RuntimeError("reward server hiccup")
+        return super().reward(completion, problem)
+
+
+def test_reward_that_raises_scores_zero_and_is_counted(smoke_cfg, monkeypatch):
+    monkeypatch.setitem(
+        TASKS, "flaky", lambda cfg: FlakyRewardTask(num_terms=cfg.num_terms, digits=cfg.digits)
+    )
+    monkeypatch.setattr("gspo_study.config.validate", lambda cfg: None)
+    cfg = smoke_cfg("task.name=flaky", "train.steps=2")
+    train(cfg)
+    hist = history(cfg)
+    assert sum(hist["rollout/reward_errors"].values()) > 0
+    assert sorted(hist["rollout/reward/mean"]) == [1, 2]
+
+
+def test_two_runs_one_store_lose_no_metrics(smoke_results, tmp_path):
+    init = smoke_results / "smoke/checkpoints/coldstart"
+    common = _overrides(tmp_path, init, "train.steps=4", "eval.every=1")
+    procs = [_spawn([*common, f"seed={s}"]) for s in (11, 12)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()[-2000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("study-smoke")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 2
+    for run in runs:
+        for key in ("rollout/reward/mean", "policy/loss", "eval/pass_at_1"):
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+            assert steps == ([0, 1, 2, 3, 4] if key.startswith("eval") else [1, 2, 3, 4]), (key, steps)
