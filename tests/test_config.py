@@ -74,5 +74,6 @@ def test_every_experiment_file_loads_on_every_scale(scale):
     for extra in sorted(Path("experiments/runs").glob("*.yaml")) + sorted(
         Path("experiments/ablations").glob("*.yaml")
     ):
-        load_config([base, extra])
-    load_config(Path(f"experiments/{scale}/coldstart.yaml"))
+        cfg = load_config([base, extra])
+        assert cfg.scale == scale, extra  # the run file changes switches, never the scale
+    assert load_config(Path(f"experiments/{scale}/coldstart.yaml")).scale == scale
