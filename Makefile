@@ -33,6 +33,8 @@ lint: install
 
 SEEDS_ARG = $(if $(SEEDS),--seeds $(SEEDS))
 X ?= compute
+# extra key=value overrides for every run and analysis step, e.g. OVERRIDES='results_dir=/tmp/r'
+OVERRIDES ?=
 
 coldstart: install
 	$(PY) -c "from gspo_study.study import ensure_coldstart; ensure_coldstart('$(SCALE)')"
@@ -40,11 +42,11 @@ coldstart: install
 
 # make reproduce-figure-N [SCALE=smoke|cpu|paper] [SEEDS=1,2,3] [X=compute|steps]
 reproduce-figure-%: install
-	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) $(SEEDS_ARG)
-	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X)
+	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) $(SEEDS_ARG) $(OVERRIDES)
+	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
 
 report: install
-	$(PY) analysis/report.py --scale $(SCALE) $(SEEDS_ARG)
+	$(PY) analysis/report.py --scale $(SCALE) $(SEEDS_ARG) $(OVERRIDES)
 
 mlflow-ui: install
 	@echo "Runs table: http://127.0.0.1:$(PORT)/#/experiments/<id>/runs   charts: .../#/experiments/<id>/chart"

@@ -40,6 +40,7 @@ LABELS = {
     "grpo_r2": "GRPO + R2",
     "grpo": "GRPO (no replay)",
     "grpo_r3": "GRPO + R3",
+    "grpo_r3_bf16": "GRPO + R3, bf16 rollout",
     "gspo_bf16_rollout": "GSPO, bf16 rollout log-probs",
     "gspo_bf16_recompute": "GSPO, bf16 rollout, recomputed π_old",
     "grpo_r2_bf16_rollout": "GRPO + R2, bf16 rollout log-probs",
