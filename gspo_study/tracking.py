@@ -232,3 +232,18 @@ class Tracker:
 
     def set_status(self, status: str) -> None:
         _retry(self.client.set_terminated, self.run_id, status=status)
+
+
+class NullTracker:
+    """What ranks other than 0 log to: nothing (rank 0 holds the MLflow run)."""
+
+    run_id = ""
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def set_status(self, status: str) -> None:
+        pass

@@ -44,8 +44,9 @@ from gspo_study.moe import (
 from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
 from gspo_study.rollout import RolloutBatch, make_engine
 from gspo_study.tasks import get_task
-from gspo_study.tracking import Tracker
+from gspo_study.tracking import NullTracker, Tracker
 from gspo_study.train.checkpointing import RunState, load_run_checkpoint, run_dir, save_run_checkpoint
+from gspo_study.train.dist import gather, init_distributed
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.torch_backend import TorchBackend
 
@@ -68,6 +69,8 @@ class Context:
     tracker: Tracker | None
     state: RunState
     flops_per_token: float
+    rank: int = 0  # this process's rank (deepspeed backend); rank 0 logs and checkpoints
+    world: int = 1
     samples_text: list[str] = field(default_factory=list)
 
 
@@ -138,9 +141,10 @@ def learning_rate(cfg: Config, step: int) -> float:
 def update_minibatch(ctx: Context, batch, rows, adv, old_lp, replay, lr) -> tuple[dict, float, float, float]:
     """One optimizer update on minibatch `rows`; returns (objective metrics, grad norm, entropy sum, tokens)."""
     mask = batch.response_mask
-    normalizer = ctx.objective.batch_normalizer(mask[rows])
+    normalizer = ctx.objective.batch_normalizer(mask[rows])  # the whole minibatch's count, on every rank
+    local = rows[ctx.rank :: ctx.world]
     parts, ent_sum = [], 0.0
-    for micro in rows.split(ctx.cfg.train.micro_batch_size or len(rows)):
+    for micro in local.split(ctx.cfg.train.micro_batch_size or len(local)):
         with replay_routing(ctx.model, replay.select(micro)) if replay is not None else nullcontext():
             lp, ent = token_logprobs(
                 ctx.model,
@@ -160,6 +164,8 @@ def update_minibatch(ctx: Context, batch, rows, adv, old_lp, replay, lr) -> tupl
         parts.append(metrics)
         ent_sum += torch.where(mask[micro], ent, torch.zeros_like(ent)).sum().item()
     grad_norm = ctx.backend.step(lr)
+    everyone = gather((parts, ent_sum), ctx.world)
+    parts, ent_sum = [p for ps, _ in everyone for p in ps], sum(e for _, e in everyone)
     return combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item()
 
 
@@ -275,19 +281,19 @@ def eval_metrics(ctx: Context) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ loop
-def setup(cfg: Config) -> Context:
+def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
     """Build everything a run needs; every bad input fails here, before the run is tracked."""
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task)
-    model, tokenizer, state, optim_state = load_run_checkpoint(cfg)
+    model, tokenizer, state, optim_state = load_run_checkpoint(cfg, mlflow_run_id)
     if cfg.algo.routing_replay != "none" and not has_moe(model):
         raise ConfigError(
             f"algo.routing_replay={cfg.algo.routing_replay!r} needs a model with MoE layers; this model has "
             "none (allowed here: routing_replay=none)"
         )
-    backend = TorchBackend(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.grad_clip)
+    rank, world, backend = make_backend(cfg, model)
     if optim_state is not None:
         backend.load_state_dict(optim_state)
     objective = get_objective(
@@ -308,7 +314,25 @@ def setup(cfg: Config) -> Context:
         tracker=None,
         state=state,
         flops_per_token=float(active_params(model.config)),
+        rank=rank,
+        world=world,
     )
+
+
+def make_backend(cfg: Config, model) -> tuple[int, int, object]:
+    """(rank, world size, training backend) for `train.backend`."""
+    if cfg.train.backend == "torch":
+        return 0, 1, TorchBackend(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.grad_clip)
+    from gspo_study.train.deepspeed_backend import DeepSpeedBackend
+
+    rank, world = init_distributed()
+    minibatch = cfg.rollout.group_size * cfg.rollout.prompts_per_step // cfg.train.num_minibatches
+    if minibatch % world:
+        raise ConfigError(
+            f"a minibatch of {minibatch} responses does not split over {world} ranks; allowed: a world size "
+            "dividing group_size x prompts_per_step / num_minibatches"
+        )
+    return rank, world, DeepSpeedBackend(model, cfg, rank, world, rows_per_rank=minibatch // world)
 
 
 def _fault_injection(step: int) -> None:
@@ -327,8 +351,8 @@ def train(cfg: Config) -> dict[str, float]:
     if tracker is not None and tracker.finished():
         print(f"run {tracker.run_id} ({run_dir(cfg).name}) already finished; skipping")
         return {}
-    ctx = setup(cfg)
-    ctx.tracker = tracker = tracker or Tracker.open(cfg)
+    ctx = setup(cfg, tracker.run_id if tracker is not None else None)
+    ctx.tracker = tracker = (tracker or Tracker.open(cfg)) if ctx.rank == 0 else NullTracker()
     metrics: dict[str, float] = {}
     try:
         if ctx.state.step == 0:

@@ -28,14 +28,14 @@ def smoke_results(tmp_path_factory):
 
 @pytest.fixture
 def smoke_cfg(smoke_results, tmp_path):
-    """Factory: a smoke config whose MLflow store is private to the test."""
+    """Factory: a smoke config whose results and MLflow store are private to the test (the cold start is shared)."""
     from gspo_study.config import load_config
 
     def make(*overrides: str):
         return load_config(
             SMOKE,
             [
-                f"results_dir={smoke_results}",
+                f"results_dir={tmp_path / 'results'}",
                 f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
                 f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart",
                 *overrides,

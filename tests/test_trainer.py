@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def weights(path) -> dict[str, torch.Tensor]:
 def test_each_algorithm_trains_and_logs_everything(smoke_cfg, algo):
     cfg = smoke_cfg(*ALGOS[algo], "train.steps=3", "rollout.max_new_tokens=16")
     train(cfg)
-    before = weights(cfg.out_dir / "checkpoints" / "coldstart")
+    before = weights(Path(cfg.init_checkpoint))
     after = weights(run_dir(cfg) / "checkpoint")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     must = {
@@ -111,7 +112,7 @@ def test_same_seed_same_numbers(smoke_cfg, tmp_path):
         "train.steps=2",
         "tracking.experiment=b",
         f"results_dir={tmp_path}",
-        f"init_checkpoint={a.out_dir / 'checkpoints/coldstart'}",
+        f"init_checkpoint={a.init_checkpoint}",
     )
     train(a)
     train(b)
@@ -141,7 +142,7 @@ def test_resume_after_sigkill_gives_same_metrics(smoke_cfg, tmp_path):
     killed_overrides = [
         f"results_dir={tmp_path}",
         f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-        f"init_checkpoint={ref.out_dir / 'checkpoints/coldstart'}",
+        f"init_checkpoint={ref.init_checkpoint}",
         *args,
     ]
     first = _cli(killed_overrides, env={"GSPO_STUDY_KILL_AT_STEP": "3"})  # after checkpoint 2, before 4

@@ -8,6 +8,7 @@ checkpoint is skipped with a warning and the run restarts from its initial check
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import warnings
@@ -56,16 +57,32 @@ def _load_model(cfg: Config, path: Path):
 def _resume(cfg: Config, path: Path):
     model, tokenizer = _load_model(cfg, path)
     state = RunState(**json.loads((path / "trainer_state.json").read_text()))
-    optim = torch.load(path / "optimizer.pt", weights_only=True)
+    optim_file = path / "optimizer.pt"
+    optim = (
+        torch.load(optim_file, weights_only=True)
+        if optim_file.exists() or cfg.train.backend == "torch"
+        else None
+    )
     return model, tokenizer, state, optim
 
 
-def load_run_checkpoint(cfg: Config):
-    """(model, tokenizer, RunState, optimizer state or None): the run's last checkpoint, else its start."""
+def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None):
+    """(model, tokenizer, RunState, optimizer state or None): the run's last checkpoint, else its start.
+
+    A checkpoint is resumed only by the MLflow run that wrote it (`mlflow_run_id`; None for a run not yet
+    tracked): resuming another store's checkpoint would leave this run's early steps unlogged.
+    """
     ckpt = run_dir(cfg) / "checkpoint"
     if ckpt.exists():
         try:
-            return _resume(cfg, ckpt)
+            model, tokenizer, state, optim = _resume(cfg, ckpt)
+            if state.mlflow_run_id == mlflow_run_id:
+                return model, tokenizer, state, optim
+            warnings.warn(
+                f"checkpoint {ckpt} belongs to MLflow run {state.mlflow_run_id!r}, not to this "
+                f"store's run {mlflow_run_id!r}; starting over",
+                stacklevel=2,
+            )
         except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is skipped, never half-loaded
             warnings.warn(
                 f"skipping unreadable checkpoint {ckpt} ({type(exc).__name__}: {exc}); starting over",
@@ -82,7 +99,16 @@ def load_run_checkpoint(cfg: Config):
 
 
 def save_run_checkpoint(ctx) -> Path:
+    """Rank 0 writes; under ZeRO-3 every rank first joins in gathering the full weights."""
     path = run_dir(ctx.cfg) / "checkpoint"
     ctx.state.mlflow_run_id = ctx.tracker.run_id
-    extra = {"optimizer.pt": ctx.backend.state_dict(), "trainer_state.json": asdict(ctx.state)}
-    return save_pretrained(ctx.model, ctx.tokenizer, path, extra=extra)
+    optim = ctx.backend.state_dict()
+    extra = {
+        "trainer_state.json": asdict(ctx.state),
+        **({"optimizer.pt": optim} if optim is not None else {}),
+    }
+    gathered = getattr(ctx.backend, "gathered_parameters", contextlib.nullcontext)
+    with gathered():
+        if ctx.rank == 0:
+            save_pretrained(ctx.model, ctx.tokenizer, path, extra=extra)
+    return path
