@@ -221,3 +221,49 @@ def test_two_runs_one_store_lose_no_metrics(smoke_results, tmp_path):
         for key in ("rollout/reward/mean", "policy/loss", "eval/pass_at_1"):
             steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
             assert steps == ([0, 1, 2, 3, 4] if key.startswith("eval") else [1, 2, 3, 4]), (key, steps)
+
+
+def test_killed_sweep_resumes_to_the_same_figure(smoke_results, tmp_path):
+    """`make reproduce-figure-1` killed mid-sweep (SIGKILL inside its second run) and rerun: every run
+    finishes once, no step is logged twice, and the figure is drawn."""
+    init = smoke_results / "smoke/checkpoints/coldstart"
+    over = _overrides(tmp_path, init, "train.steps=3")
+    cmd = [
+        sys.executable,
+        "-m",
+        "gspo_study",
+        "sweep",
+        "--figure",
+        "1",
+        "--scale",
+        "smoke",
+        "--seeds",
+        "1",
+        *over,
+    ]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    # The first run (gspo) finishes; the kill lands at step 2 of the second (grpo_r2).
+    first = subprocess.run(
+        cmd, env={**env, "GSPO_STUDY_KILL_AT_STEP": "2"}, capture_output=True, text=True, timeout=300
+    )
+    assert first.returncode == -signal.SIGKILL
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    draw = subprocess.run(
+        [sys.executable, "analysis/figures.py", "--figure", "1", "--scale", "smoke", "--seeds", "1", *over],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert draw.returncode == 0, draw.stderr[-2000:]
+    assert (tmp_path / "smoke" / "figure-1.png").is_file()
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("study-smoke").experiment_id], "attributes.run_name != 'figure-1'"
+    )
+    assert sorted(r.info.run_name for r in runs) == ["grpo-r2-s1", "gspo-nr-s1"]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward/mean")]
+        assert sorted(steps) == [1, 2, 3]
