@@ -48,6 +48,12 @@ reproduce-figure-%: install
 report: install
 	$(PY) analysis/report.py --scale $(SCALE) $(SEEDS_ARG) $(OVERRIDES)
 
+# Speed and overhead measurements (not tests): routing-replay overhead, rollout and RL step vs TRL.
+bench: install
+	$(PY) -c "import trl" 2>/dev/null || $(PY) -m pip install -q -e '.[$(EXTRAS),bench]' '$(TORCH_SPEC)'
+	$(PY) benchmarks/bench_replay.py --threads 1 --out results/bench_replay.json
+	$(PY) benchmarks/bench_rl.py --threads 2 --out results/bench.json
+
 mlflow-ui: install
 	@echo "Runs table: http://127.0.0.1:$(PORT)/#/experiments/<id>/runs   charts: .../#/experiments/<id>/chart"
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port $(PORT)
