@@ -9,17 +9,22 @@ batch (16 prompts x 8 responses, max 40 new tokens, temperature 1), it measures:
 (a) rollout: generated tokens/s of `HFEngine.generate` vs `model.generate` (do_sample, KV cache), the two
     interleaved in each repeat; the ratio is the paired median;
 (b) one RL step (rollout, pi_old, 4 minibatch updates) in response tokens/s: `trainer.rl_step` for gspo,
-    grpo+R2 (and grpo) vs TRL's `GRPOTrainer` with the equivalent config (sequence-level IS for GSPO,
-    token-level for GRPO: TRL has no routing replay, so our grpo-r2 is compared with TRL's plain grpo);
+    grpo+R2 (and, with `--parts ...,ours-grpo`, plain grpo) vs TRL's `GRPOTrainer` with the equivalent
+    config (sequence-level IS for GSPO, token-level for GRPO: TRL has no routing replay, so our grpo-r2 is
+    compared with TRL's plain grpo). The RL runs are separate processes run in lockstep: they take turns
+    one unit at a time (our RL step, TRL's generation batch = 4 optimizer steps) while the others block, so
+    unit k of every run sees the same machine load, and the ours/TRL ratio is the median of per-unit ratios;
 (c) routing-replay (R2) overhead: the update phase (4 optimizer steps) on one batch with and without replay,
     interleaved, paired median; also the cost of recording routing in the pi_old pass;
 (d) peak RSS (`ru_maxrss`) of each part: every part runs in its own subprocess, so its peak is its own
     (the orchestrating parent never imports torch).
 
 Warm-up is excluded everywhere: the first rollout/update per case, our first RL step, and TRL's first
-generation batch (its 4 optimizer steps). Ours is timed per `rl_step`; TRL per generation batch from
-callback timestamps at the end of optimizer steps 4k and 4k+4, so trainer construction, `train()` set-up
-and tear-down never count. All parts use `--threads` torch threads. Results: JSON at `--out` + tables.
+generation batch (its 4 optimizer steps). Ours is timed per `rl_step` (its telemetry forward is reported
+separately and excluded from the headline tokens/s, as our `perf/tokens_per_s` does); TRL per generation
+batch, from a callback timestamp when the batch may start (on_step_end of step 4k) to on_step_end of step
+4k+4, so trainer construction, `train()` set-up and tear-down never count. Every part uses `--threads`
+torch threads. Results: JSON at `--out` (every timing, per unit) and the tables printed at the end.
 """
 
 from __future__ import annotations
@@ -133,6 +138,7 @@ def part_rollout(args) -> dict:
     from gspo_study.rollout.hf import HFEngine, encode_prompts
 
     model, tok = _load(args)
+    rss = {"after_setup": peak_rss_mb()}
     prompts = [p.prompt for p in _prompts()]
     engine = HFEngine(model, tok)
     seq, mask = encode_prompts(tok, prompts)
@@ -186,6 +192,7 @@ def part_rollout(args) -> dict:
         )
     ]
     out["ratio_tokens_per_s_ours_over_hf"] = median(ratio)
+    out["rss_mb_by_phase"] = rss
     return out
 
 
@@ -419,6 +426,7 @@ def part_replay(args) -> dict:
     from gspo_study.train.forward import token_logprobs
 
     ctx = trainer.setup(_ours_config(args, "grpo", "r2", "replay"))
+    rss = {"after_setup": peak_rss_mb()}
     rows, batch = trainer.rollout(ctx, 1)
     rewards, _ = score(ctx.task, rows, batch)
     adv = group_advantages(rewards, GROUP, ctx.cfg.algo.advantage_eps)
@@ -449,6 +457,7 @@ def part_replay(args) -> dict:
         "median_s": {k: median(v) for k, v in times.items()},
         "r2_update_overhead_pct": paired_overhead_pct(times["update_r2"], times["update_none"]),
         "record_overhead_pct": paired_overhead_pct(times["pi_old_record"], times["pi_old_plain"]),
+        "rss_mb_by_phase": rss,
     }
 
 
@@ -663,9 +672,12 @@ def report(res: dict) -> None:
             f"{rp['padded_len']})",
         )
     print_table(
-        ["part", "peak RSS MiB", "wall s"],
-        [[k, v.get("peak_rss_mb"), v.get("wall_s")] for k, v in parts.items()],
-        "(d) peak resident memory per part (one subprocess each)",
+        ["part", "peak RSS MiB", "after set-up MiB"],
+        [
+            [k, v.get("peak_rss_mb"), v.get("rss_mb_by_phase", {}).get("after_setup")]
+            for k, v in parts.items()
+        ],
+        "(d) peak resident memory (ru_maxrss) per part, one subprocess each; 'after set-up' = imports + model",
     )
 
 
