@@ -54,7 +54,8 @@ class SFTConfig:
     lr: float = 3e-3  # AdamW peak learning rate
     warmup_steps: int = 20  # linear warm-up, then cosine decay to 10%
     weight_decay: float = 0.0  # AdamW weight decay
-    output: str = "coldstart"  # checkpoint name under <results>/checkpoints/
+    output: str = "coldstart"  # checkpoint name under <results>/<scale>/checkpoints/ (+ `-L16` etc. for
+    # preset overrides; see `coldstart_name`)
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Config:
     seed: int = 1  # one seed drives prompts, sampling and init
     results_dir: str = "results"  # root of generated outputs
     init_checkpoint: str | None = (
-        None  # RL starts from this checkpoint (default: <results>/<scale>/checkpoints/coldstart)
+        None  # RL starts from this checkpoint (default: the cold start of this model, `coldstart_name`)
     )
     threads: int | None = None  # torch intra-op threads (None: torch default)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -239,7 +240,33 @@ def load_config(
         node = _merge(node, dotted, f"override '{item}'")
     cfg: Config = OmegaConf.to_object(node)  # type: ignore[assignment]
     validate(cfg)
+    _normalise(cfg)
     return cfg
+
+
+PRESET_OVERRIDES = ("num_hidden_layers", "num_experts", "num_experts_per_tok")
+
+
+def _normalise(cfg: Config) -> None:
+    """A preset override equal to the preset's own value is no override: `model.num_hidden_layers=8` on the
+    8-layer preset is the same run (same `run_key`, same cold start) as leaving it unset."""
+    if cfg.model.path is None:
+        from gspo_study.models import PRESETS
+
+        preset = PRESETS[cfg.model.preset]
+        for key in PRESET_OVERRIDES:
+            if getattr(cfg.model, key) == preset[key]:
+                setattr(cfg.model, key, None)
+
+
+def coldstart_name(cfg: Config) -> str:
+    """The cold-start checkpoint's name under <results>/<scale>/checkpoints/: `sft.output`, suffixed by the
+    preset overrides (`coldstart-L16` for a 16-layer model), so each architecture gets its own cold start."""
+    tags = {"num_hidden_layers": "L", "num_experts": "E", "num_experts_per_tok": "K"}
+    suffix = "".join(
+        f"-{tag}{getattr(cfg.model, key)}" for key, tag in tags.items() if getattr(cfg.model, key)
+    )
+    return cfg.sft.output + suffix
 
 
 def _get(cfg: Config, dotted: str) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gspo_study.config import Config
+from gspo_study.config import Config, coldstart_name
 from gspo_study.models import save_pretrained
 from gspo_study.rollout.base import teacher_forced_batch
 from gspo_study.runtime import load_policy, seed_everything
@@ -41,7 +41,7 @@ def sft_loss(model, batch) -> torch.Tensor:
 
 
 def checkpoint_dir(cfg: Config, name: str | None = None) -> Path:
-    return cfg.out_dir / "checkpoints" / (name or cfg.sft.output)
+    return cfg.out_dir / "checkpoints" / (name or coldstart_name(cfg))
 
 
 def run_sft(cfg: Config) -> Path:

@@ -1,18 +1,20 @@
 """Studies: the runs each figure needs, at a scale and seeds, and running them resumably.
 
 A figure lists run files in experiments/figures.yaml; a run's config is experiments/<scale>/base.yaml
-layered with experiments/runs/<run>.yaml and `seed=<s>`. Runs are identified by their config (see
+layered with experiments/runs/<run>.yaml and `seed=<s>`. A figure with a `sweep:` (per scale, key → list of
+values) takes every run at every combination of those values (applied as `key=value` overrides). Runs are identified by their config (see
 `tracking.run_key`), so a run shared by two figures runs once, a finished run is skipped, and a killed
-one resumes from its last checkpoint.
+one resumes from its last checkpoint. Each model architecture gets its own cold start (`coldstart_name`).
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import yaml
 
-from gspo_study.config import Config, ConfigError, load_config
+from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, load_config
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "paper": [1]}
@@ -58,19 +60,40 @@ def run_config(
     return load_config([scale_base(scale, experiments), run_file], [f"seed={seed}", *overrides])
 
 
+def sweep_cells(spec: dict, scale: str) -> list[tuple[str, ...]]:
+    """Every combination of a figure's `sweep: {<scale>: {key: [values]}}` as `key=value` overrides
+    ([()] for a figure without a sweep)."""
+    if not spec.get("sweep"):
+        return [()]
+    if scale not in spec["sweep"]:
+        raise ConfigError(
+            f"figure sweep has no values for scale {scale!r}; allowed: {', '.join(spec['sweep'])}"
+        )
+    sweep = spec["sweep"][scale]
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(
+                f"figures.yaml: sweep '{key}' must be a non-empty list of values, got {values!r}"
+            )
+    axes = [[f"{key}={value}" for value in values] for key, values in sweep.items()]
+    return [tuple(cell) for cell in itertools.product(*axes)]
+
+
 def figure_configs(
     figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()
 ) -> list[tuple[str, Config]]:
-    """(run name, config) for every run × seed of a figure."""
+    """(run name, config) for every sweep cell × run × seed of a figure (cell-major, then run, then seed)."""
+    spec = figure_spec(figure)
     return [
-        (run, run_config(scale, run, seed, overrides))
-        for run in figure_spec(figure)["runs"]
+        (run, run_config(scale, run, seed, (*cell, *overrides)))
+        for cell in sweep_cells(spec, scale)
+        for run in spec["runs"]
         for seed in seeds
     ]
 
 
 def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
-    """The scale's cold-start checkpoint, trained first if it is missing."""
+    """The scale's cold-start checkpoint (for the model the overrides describe), trained first if missing."""
     from gspo_study.models.checkpoint import is_complete
     from gspo_study.sft import checkpoint_dir, run_sft
 
@@ -84,14 +107,25 @@ def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     return path
 
 
+def coldstart_overrides(cfg: Config) -> tuple[str, ...]:
+    """The overrides that give the cold start a run starts from: its model's preset overrides."""
+    return tuple(
+        f"model.{key}={getattr(cfg.model, key)}" for key in PRESET_OVERRIDES if getattr(cfg.model, key)
+    )
+
+
 def run_figure(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[Config]:
-    """Train every run the figure needs that has not finished."""
+    """Train every run the figure needs that has not finished (each model's cold start first)."""
     from gspo_study.trainer import train
 
-    ensure_coldstart(scale, overrides)
+    configs = figure_configs(figure, scale, seeds, overrides)
+    for model in dict.fromkeys(coldstart_overrides(cfg) for _, cfg in configs if not cfg.init_checkpoint):
+        ensure_coldstart(scale, (*overrides, *model))
     done = []
-    for run, cfg in figure_configs(figure, scale, seeds, overrides):
-        print(f"== figure {figure}: {run} seed {cfg.seed}")
+    for i, (run, cfg) in enumerate(configs, 1):
+        print(
+            f"== figure {figure} [{i}/{len(configs)}]: {run} seed {cfg.seed} {' '.join(coldstart_overrides(cfg))}"
+        )
         train(cfg)
         done.append(cfg)
     return done

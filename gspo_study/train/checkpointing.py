@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from gspo_study.config import Config, ConfigError
+from gspo_study.config import Config, ConfigError, coldstart_name
 from gspo_study.models import load_pretrained, save_pretrained
 from gspo_study.runtime import DTYPES
 from gspo_study.tracking import run_key, run_name
@@ -41,11 +41,18 @@ class RunState:
 
 
 def run_dir(cfg: Config) -> Path:
-    return cfg.out_dir / "runs" / f"{run_name(cfg)}-{run_key(cfg)}"
+    """`<results>/<scale>/runs/<run name>-<run key>`; a run renamed since (same key) keeps its directory."""
+    runs, key = cfg.out_dir / "runs", run_key(cfg)
+    existing = sorted(runs.glob(f"*-{key}")) if runs.is_dir() else []
+    return existing[0] if existing else runs / f"{run_name(cfg)}-{key}"
 
 
 def init_checkpoint(cfg: Config) -> Path:
-    return Path(cfg.init_checkpoint) if cfg.init_checkpoint else cfg.out_dir / "checkpoints" / cfg.sft.output
+    return (
+        Path(cfg.init_checkpoint)
+        if cfg.init_checkpoint
+        else cfg.out_dir / "checkpoints" / coldstart_name(cfg)
+    )
 
 
 def _load_model(cfg: Config, path: Path):
