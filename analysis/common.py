@@ -32,7 +32,7 @@ X_NAMES = {"compute": FLOPS, "steps": "step"}
 X_LABELS = {"compute": "training compute (FLOPs)", "steps": "RL step"}
 CONFIDENCE = 0.95
 COLUMNS = ["figure", "panel", "kind", "series", "run", "metric", "x_name", "x", "step", "seed"]
-COLUMNS += ["mean", "lower", "upper", "n_seeds"]
+COLUMNS += ["mean", "lower", "upper", "n_seeds", "cell"]
 
 # Readable series names, by run file (experiments/runs/<name>.yaml); other runs show their file name.
 LABELS = {
@@ -166,8 +166,8 @@ def mean_ci(values) -> tuple[float, float, float, int]:
     return mean, mean - half, mean + half, n
 
 
-def _row(**kw) -> dict:
-    return {c: kw.get(c, math.nan) for c in COLUMNS}
+def csv_row(**kw) -> dict:
+    return {c: kw.get(c, "" if c == "cell" else math.nan) for c in COLUMNS}
 
 
 def curves(study: Study, metric: str, panel: str) -> pd.DataFrame:
@@ -178,7 +178,7 @@ def curves(study: Study, metric: str, panel: str) -> pd.DataFrame:
             mean, lo, hi, n = mean_ci(g.value)
             x = float(g.flops.mean()) if study.x == "compute" else float(step)
             rows.append(
-                _row(panel=panel, kind="curve", series=label(run), run=run, metric=metric,
+                csv_row(panel=panel, kind="curve", series=label(run), run=run, metric=metric,
                      x_name=X_NAMES[study.x], x=x, step=step, mean=mean, lower=lo, upper=hi, n_seeds=n)
             )  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -194,7 +194,7 @@ def bars(study: Study, metrics: dict[float, str], panel: str, x_name: str) -> pd
                 continue
             mean, lo, hi, n = mean_ci(f.groupby("seed").value.mean())
             rows.append(
-                _row(panel=panel, kind="bar", series=label(run), run=run, metric=metric, x_name=x_name,
+                csv_row(panel=panel, kind="bar", series=label(run), run=run, metric=metric, x_name=x_name,
                      x=x, mean=mean, lower=lo, upper=hi, n_seeds=n)
             )  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -206,7 +206,7 @@ def points(study: Study, metric: str, x_metric: str, panel: str) -> pd.DataFrame
     x = study.values(x_metric).set_index(["run", "seed", "step"]).value
     both = pd.concat({"x": x, "y": y}, axis=1).dropna().reset_index()
     rows = [
-        _row(panel=panel, kind="point", series=label(r.run), run=r.run, metric=metric, x_name=x_metric,
+        csv_row(panel=panel, kind="point", series=label(r.run), run=r.run, metric=metric, x_name=x_metric,
              x=r.x, step=r.step, seed=r.seed, mean=r.y, n_seeds=1)
         for r in both.itertuples()
     ]  # fmt: skip
@@ -215,9 +215,9 @@ def points(study: Study, metric: str, x_metric: str, panel: str) -> pd.DataFrame
 
 def reference(value: float, what: str, metric: str, panel: str, run: str = "") -> pd.DataFrame:
     """A horizontal line at one of the paper's reported values."""
-    row = _row(panel=panel, kind="reference", series=f"paper: {what}", run=run, metric=metric, x_name="",
+    line = csv_row(panel=panel, kind="reference", series=f"paper: {what}", run=run, metric=metric, x_name="",
                mean=value, n_seeds=0)  # fmt: skip
-    return pd.DataFrame([row], columns=COLUMNS)
+    return pd.DataFrame([line], columns=COLUMNS)
 
 
 # ------------------------------------------------------------------------------------------------ drawing
@@ -228,6 +228,7 @@ class Panel:
     ylabel: str
     xlabel: str = ""
     logy: bool = False
+    logx: bool = False
 
 
 def _colors(study: Study) -> dict[str, tuple]:
@@ -241,7 +242,7 @@ def _draw_curves(ax, rows: pd.DataFrame, colors) -> None:
     styles = {m: s for m, s in zip(rows.metric.unique(), ["-", "--", ":", "-."] * 4)}
     many = len(styles) > 1
     for (run, metric), g in rows.groupby(["run", "metric"], sort=False):
-        g = g.sort_values("step")
+        g = g.sort_values(["step", "x"])
         name = f"{g.series.iat[0]}: {metric.rsplit('/', 1)[-1]}" if many else g.series.iat[0]
         ax.plot(g.x, g["mean"], styles[metric], color=colors.get(run), marker=".", label=name)
         ax.fill_between(g.x, g.lower, g.upper, color=colors.get(run), alpha=0.2, linewidth=0)
@@ -266,6 +267,9 @@ def _draw_points(ax, rows: pd.DataFrame, colors) -> None:
     for (run, metric), g in rows.groupby(["run", "metric"], sort=False):
         name = f"{g.series.iat[0]}: {metric.rsplit('/', 1)[-1]}"
         ax.scatter(g.x, g["mean"], marker=markers[metric], color=colors.get(run), alpha=0.7, label=name)
+        if g.lower.notna().any():  # seed-aggregated points carry their interval
+            err = [(g["mean"] - g.lower).fillna(0), (g.upper - g["mean"]).fillna(0)]
+            ax.errorbar(g.x, g["mean"], yerr=err, fmt="none", color=colors.get(run), alpha=0.5, capsize=2)
 
 
 def _draw_references(ax, rows: pd.DataFrame, colors) -> None:
@@ -296,6 +300,8 @@ def draw(study: Study, figure: int, title: str, panels: list[Panel]):
         ax.set(title=p.title, ylabel=p.ylabel, xlabel=p.xlabel or X_LABELS[study.x])
         if p.logy:
             ax.set_yscale("log")
+        if p.logx:
+            ax.set_xscale("log")
         ax.legend(fontsize=7)
     seeds = sorted({r.seed for r in study.runs})
     fig.suptitle(f"Figure {figure}: {title}\nscale {study.runs[0].cfg.scale}, seeds {seeds}; "

@@ -19,6 +19,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pandas as pd  # noqa: E402
+
 from analysis.common import (  # noqa: E402
     PASS1,
     REWARD,
@@ -26,11 +28,13 @@ from analysis.common import (  # noqa: E402
     Panel,
     Study,
     bars,
+    csv_row,
     curves,
     draw,
     label,
     load,
     log_outputs,
+    mean_ci,
     points,
     reference,
 )
@@ -102,12 +106,61 @@ def figure_7(s: Study) -> list[Panel]:
     return [*_reward_pass(s), Panel(curves(s, "mismatch/k3", "c"), "(c) rollout–trainer k3 KL", "k3")]
 
 
+def depth(cfg) -> int:
+    """Decoder layers of a run's model (the preset's unless overridden)."""
+    from gspo_study.models import PRESETS
+
+    return cfg.model.num_hidden_layers or PRESETS[cfg.model.preset]["num_hidden_layers"]
+
+
+def sweep_table(s: Study) -> pd.DataFrame:
+    """One row per tracked run: run, seed, lr, depth, cell, held-out pass@1 at step 0 (the cold start) and at
+    the last step, and routing volatility (`moe/routing_volatility/overall`) averaged over the run's steps."""
+    rows = []
+    for r in s.runs:
+        f = s.frame[s.frame.run_id == r.run_id]
+        p = f[f.metric == PASS1].sort_values("step")
+        vol = f[f.metric == f"{VOL}/overall"].value
+        cell = f"train.lr={r.cfg.train.lr:g} model.num_hidden_layers={depth(r.cfg)}"
+        rows.append(dict(run=r.run, seed=r.seed, lr=r.cfg.train.lr, depth=depth(r.cfg), cell=cell,
+                         start=p.value.iat[0], final=p.value.iat[-1], final_step=p.step.iat[-1],
+                         vol=vol.mean()))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def figure_8(s: Study) -> list[Panel]:
+    t = sweep_table(s)
+    panels, letters = [], iter("abcdefghij")
+    for d, at_depth in t.groupby("depth"):
+        panel = next(letters)
+        rows = []
+        for (run, lr), g in at_depth.groupby(["run", "lr"], sort=False):
+            mean, lo, hi, n = mean_ci(g.final)
+            rows.append(csv_row(panel=panel, kind="curve", series=label(run), run=run, metric=PASS1,
+                             x_name="train.lr", x=lr, step=g.final_step.max(), mean=mean, lower=lo, upper=hi,
+                             n_seeds=n, cell=g.cell.iat[0]))  # fmt: skip
+        cold = csv_row(panel=panel, kind="reference", series="cold start (step 0)", metric=PASS1, x_name="",
+                    mean=float(at_depth.start.mean()), n_seeds=0, cell=f"model.num_hidden_layers={d}")  # fmt: skip
+        rows.append(cold)
+        panels.append(Panel(pd.DataFrame(rows), f"({panel}) {d} layers: final held-out pass@1",
+                            "mean pass@1", "learning rate", logx=True))  # fmt: skip
+    panel, rows = next(letters), []
+    for (run, cell), g in t.groupby(["run", "cell"], sort=False):
+        mean, lo, hi, n = mean_ci(g.final - g.start)
+        rows.append(csv_row(panel=panel, kind="point", series=label(run), run=run, metric=f"{PASS1} change",
+                         x_name=f"{VOL}/overall", x=float(g.vol.mean()), step=g.final_step.max(), mean=mean,
+                         lower=lo, upper=hi, n_seeds=n, cell=cell))  # fmt: skip
+    panels.append(Panel(pd.DataFrame(rows), f"({panel}) pass@1 gain over the cold start vs routing volatility",
+                        "final − cold-start pass@1", "routing volatility (changed expert choices per step)",
+                        logx=True))  # fmt: skip
+    return panels
+
+
 FIGURES = {1: figure_1, 2: figure_2, 3: figure_3, 4: figure_4, 5: figure_5, 6: figure_6, 7: figure_7}
+FIGURES[8] = figure_8
 
 
 def _cat(*frames):
-    import pandas as pd
-
     return pd.concat([f for f in frames if not f.empty], ignore_index=True)
 
 

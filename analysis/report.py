@@ -7,7 +7,8 @@ are missing or unfinished says "not run". Per-seed measures:
 - final pass@1: `eval/pass@1` at the run's last evaluation (its last step);
 - final reward: `rollout/reward/mean` averaged over the last evaluation interval, the steps after
   `train.steps − eval.every` (all steps when eval.every is 0);
-- training averages (clip fraction, routing volatility): the metric averaged over every logged step.
+- training averages (clip fraction, routing volatility): the metric averaged over every logged step;
+- gain over the cold start: final pass@1 minus `eval/pass@1` at step 0 (the cold-start model, same seed).
 Differences are paired by seed (every run of a seed starts from the same cold start and sees the same
 prompts and sampling streams): Δ_s = A_s − B_s, reported as mean and 95% Student-t interval over seeds.
 
@@ -21,6 +22,10 @@ Verdict rule (`verdict`), for a claim that A − B has the paper's sign:
   "inconclusive" otherwise;
 - a claim measured in several ways is "not reproduced" if any measure is, "reproduces" (or "consistent")
   if all are, else "inconclusive".
+The sweep claim (figure 8) pools the cells where GRPO without replay moves at least `MOVING` (1%) of its
+activated experts per step: Δ = A − GRPO (no replay) paired by cell and seed, mean and t-interval over those
+pairs, verdict as above; "inconclusive" when no cell moves that much. It uses the sweep's runs that exist
+(the count is shown), so a partly trained sweep is reported as such.
 The REPORT.md is also logged as an artifact of a run named `report` (tags `report=<scale>`, `seeds`).
 """
 
@@ -40,12 +45,13 @@ if __package__ in (None, ""):  # run as a script (the Makefile does): make `anal
 import pandas as pd  # noqa: E402
 
 from analysis.common import PASS1, REWARD, Study, label, load, log_outputs, mean_ci  # noqa: E402
-from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY  # noqa: E402
+from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, sweep_table  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
-from gspo_study.study import parse_seeds, run_config  # noqa: E402
+from gspo_study.study import figure_configs, parse_seeds, run_config  # noqa: E402
 
 ORDER_OF_MAGNITUDE = 10.0  # what "~value" is read as, for magnitude claims (see the verdict rule)
 CLIP, VOL = "policy/clip_frac/token", "moe/routing_volatility/overall"
+MOVING = 0.01  # routing volatility per step from which a sweep cell counts as "routing moves" (issue 10)
 
 
 # ------------------------------------------------------------------------------------------------ measures
@@ -62,6 +68,11 @@ def final_reward(study: Study, run: str) -> pd.Series:
         f = study.values(REWARD, run)
         out[r.seed] = f[(f.seed == r.seed) & (f.step > start)].value.mean()
     return pd.Series(out, dtype=float)
+
+
+def gain(study: Study, run: str) -> pd.Series:
+    f = study.values(PASS1, run).sort_values("step")
+    return f.groupby("seed").value.last() - f[f.step == 0].groupby("seed").value.first()
 
 
 def training_mean(metric: str):
@@ -115,6 +126,7 @@ class Claim:
     paper: str
     runs: tuple[str, ...]
     measure: object  # (study) -> (ours text, verdict)
+    figure: int | None = None  # measured on this figure's sweep (its own runs) instead of `runs`
 
 
 def _efficiency(study: Study):
@@ -158,7 +170,37 @@ def _precision(study: Study):
     return "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
 
 
+def _improves(study: Study):
+    mean, lo, hi, n = mean_ci(gain(study, "gspo"))
+    start = mean_ci(study.values(PASS1, "gspo").query("step == 0").value)[0]
+    text = f"GSPO held-out pass@1 gain over the cold start ({start:.3g}): {_fmt(mean, lo, hi)} (n={n})"
+    return text, verdict("diff", lo, hi, +1)
+
+
+def _sweep(study: Study):
+    t = sweep_table(study)
+    total = len(study.runs) + len(study.missing)
+    vol = t[t.run == "grpo"].groupby("cell").vol.mean()
+    moving = set(vol[vol >= MOVING].index)
+    head = f"{len(study.runs)} of {total} sweep runs; "
+    if not moving:
+        return head + f"no cell reaches {MOVING:.0%} volatility (max {vol.max():.3g})", "inconclusive"
+    final = t[t.cell.isin(moving)].set_index(["run", "cell", "seed"]).final
+    texts, verdicts = [], []
+    for a in ("gspo", "grpo_r2"):
+        d = (final.loc[a] - final.loc["grpo"]).dropna()
+        mean, lo, hi, n = mean_ci(d)
+        texts.append(f"{label(a)} − GRPO (no replay) final pass@1 {_fmt(mean, lo, hi)} (n={n} pairs)")
+        verdicts.append(verdict("diff", lo, hi, +1))
+    cells = ", ".join(sorted(moving))
+    return head + f"cells with GRPO volatility ≥ {MOVING:.0%}: {cells}; " + "; ".join(texts), combine(
+        verdicts
+    )
+
+
 CLAIMS = [
+    Claim("RL improves on the cold start (precondition for the claims below)", "steady gains with "
+          "training compute (Fig. 1)", ("gspo",), _improves),
     Claim("GSPO trains more efficiently than GRPO + R2 (Fig. 1)", "higher reward and benchmark scores "
           "at equal training compute", ("gspo", "grpo_r2"), _efficiency),
     Claim("GSPO clips about 100× more tokens than GRPO (Fig. 2)",
@@ -169,6 +211,8 @@ CLAIMS = [
           "(48-layer Qwen3-30B-A3B, one update)", ("gspo", "grpo"), _volatility),
     Claim("GSPO tolerates precision mismatch: rollout log-probs need no recompute (§5.4)", "no loss "
           "(no number reported)", ("gspo_bf16_rollout", "gspo_bf16_recompute"), _precision),
+    Claim("Where routing moves, GRPO without replay falls behind GSPO and GRPO + R2 (Fig. 8, ours)",
+          "§5.3: GRPO without replay fails on MoE; replay or GSPO fixes it", (), _sweep, figure=8),
 ]  # fmt: skip
 
 
@@ -182,11 +226,16 @@ def _commit() -> str:
         return "unknown"
 
 
-def rows(study: Study) -> list[tuple[str, str, str, str]]:
+def rows(study: Study, sweeps: dict[int, Study]) -> list[tuple[str, str, str, str]]:
     """(claim, paper, ours, verdict) per claim; "not run" where a run or seed is missing."""
     absent = {run for run, _, _ in study.missing}
     out = []
     for c in CLAIMS:
+        if c.figure is not None:
+            sweep = sweeps[c.figure]
+            out.append((c.text, c.paper, *c.measure(sweep)) if sweep.runs else
+                       (c.text, c.paper, f"missing: all runs of figure {c.figure}", "not run"))  # fmt: skip
+            continue
         gone = [r for r in c.runs if r in absent]
         if gone:
             seeds = sorted({s for r, s, _ in study.missing if r in gone})
@@ -197,7 +246,7 @@ def rows(study: Study) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def render(study: Study, scale: str, seeds: list[int]) -> str:
+def render(study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int]) -> str:
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in study.runs}) or ["(no runs)"]
     lines = [
         f"# Reproduction report: scale `{scale}`",
@@ -210,7 +259,7 @@ def render(study: Study, scale: str, seeds: list[int]) -> str:
         "| # | claim (GSPO paper) | paper | ours (mean [95% CI]) | verdict |",
         "|---|---|---|---|---|",
     ]
-    for i, row in enumerate(rows(study), 1):
+    for i, row in enumerate(rows(study, sweeps), 1):
         lines.append(f"| {i} | " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
     rule = __doc__.split("Per-seed measures:", 1)[1].split("The REPORT.md", 1)[0]
     return "\n".join(lines) + "\n\n## How the numbers and verdicts are computed\n\nPer-seed measures:" + rule
@@ -219,9 +268,11 @@ def render(study: Study, scale: str, seeds: list[int]) -> str:
 def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
     runs = list(dict.fromkeys(r for c in CLAIMS for r in c.runs))
     study = load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds])
+    figs = {c.figure for c in CLAIMS if c.figure is not None}
+    sweeps = {f: load(figure_configs(f, scale, seeds, tuple(overrides))) for f in figs}
     path = study.out_dir / "REPORT.md"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(study, scale, seeds))
+    path.write_text(render(study, sweeps, scale, seeds))
     if study.runs:
         log_outputs(study, "report", {"report": scale, "seeds": ",".join(map(str, seeds))}, [path])
     return path

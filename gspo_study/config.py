@@ -86,6 +86,7 @@ class TrainConfig:
     steps: int = 100  # RL steps (rollout batches)
     lr: float = 2e-5  # AdamW learning rate
     warmup_steps: int = 0  # linear warm-up steps
+    router_lr_scale: float = 1.0  # the MoE routers' lr is lr × this (a lever on routing volatility)
     num_minibatches: int = 4  # updates per rollout batch (§5.1: 4, so updates 2-4 are off-policy)
     micro_batch_size: int | None = None  # sequences per forward/backward (None: whole minibatch)
     grad_clip: float = 1.0  # max global grad norm
@@ -344,6 +345,10 @@ def validate(cfg: Config) -> None:
     _require(
         t.steps >= 0 and cfg.sft.steps >= 0,
         f"bad step count (train.steps={t.steps}, sft.steps={cfg.sft.steps}); allowed: >= 0",
+    )
+    _require(
+        t.router_lr_scale > 0,
+        f"bad value {t.router_lr_scale} for 'train.router_lr_scale'; allowed: a number > 0",
     )
     _require(t.grad_clip > 0, f"bad value {t.grad_clip} for 'train.grad_clip'; allowed: a number > 0")
     _require(

@@ -25,6 +25,9 @@ from gspo_study.config import Config, ConfigError, to_flat_dict
 
 # Fields that name or place a run but do not change its numbers.
 NON_IDENTITY = ("tracking.", "results_dir", "threads", "eval.batch_size", "train.checkpoint_every")
+# Knobs added after runs were tracked, with their defaults: at the default they are left out of `run_key`, so
+# adding a knob never changes the identity of (and so never re-trains) the runs already tracked.
+LATER_KNOBS = {"train.router_lr_scale": 1.0}
 STEP_SENTINEL = "rollout/reward/mean"  # logged at every step; its last step is the resume point
 REPLAY_ABBREV = {"none": "nr", "r2": "r2", "r3": "r3"}
 # MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).
@@ -56,7 +59,9 @@ def tracking_uri(cfg: Config) -> str:
 
 
 def run_key(cfg: Config) -> str:
+    """12 hex digits of the hash of everything in the config that changes a run's numbers."""
     flat = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NON_IDENTITY)}
+    flat = {k: v for k, v in flat.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -322,7 +322,8 @@ def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
 def make_backend(cfg: Config, model) -> tuple[int, int, object]:
     """(rank, world size, training backend) for `train.backend`."""
     if cfg.train.backend == "torch":
-        return 0, 1, TorchBackend(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.grad_clip)
+        t = cfg.train
+        return 0, 1, TorchBackend(model, t.lr, t.weight_decay, t.grad_clip, t.router_lr_scale)
     from gspo_study.train.deepspeed_backend import DeepSpeedBackend
 
     rank, world = init_distributed()

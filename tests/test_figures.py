@@ -197,7 +197,11 @@ def test_report_one_row_per_claim(study):
     pairs = [(n, run_config("smoke", n, s, overrides)) for n in ("gspo",) for s in SEEDS]
     hist = histories(client, pairs)
     final = np.mean([h[mlflow_key(PASS1)][max(h[mlflow_key(PASS1)])] for h in hist.values()])
-    assert f"GSPO {final:.4g}" in table[0]  # claim 1 quotes GSPO's final pass@1 over seeds
+    assert f"GSPO {final:.4g}" in table[1]  # claim 2 (efficiency) quotes GSPO's final pass@1 over seeds
+    start = np.mean([h[mlflow_key(PASS1)][0] for h in hist.values()])
+    gains = [h[mlflow_key(PASS1)][max(h[mlflow_key(PASS1)])] - h[mlflow_key(PASS1)][0] for h in hist.values()]
+    assert f"({start:.3g}): {np.mean(gains):.4g}" in table[0]  # claim 1: gain over the cold start
+    assert table[-1].endswith("| not run |")  # figure 8's sweep was not trained in this store
 
 
 def test_report_without_runs_says_not_run(study, tmp_path):
@@ -216,3 +220,48 @@ def test_smoke_never_writes_under_cpu(study):
     assert {p.name for p in root.iterdir()} <= {"smoke", "mlflow.db", "mlartifacts"}
     assert run_config("smoke", "gspo", 1).out_dir == Path("results/smoke")
     assert run_config("cpu", "gspo", 1).out_dir == Path("results/cpu")
+
+
+def test_figure_8_sweep(smoke_results, tmp_path):
+    """Figure 8's lr × depth sweep at the smoke scale: each depth gets its own cold start, every cell × run ×
+    seed is trained once, and every CSV row equals the seed statistics recomputed from MLflow."""
+    overrides = (f"results_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
+    cfgs = run_figure(8, "smoke", SEEDS, overrides)
+    cells = {(c.train.lr, figures.depth(c)) for c in cfgs}
+    assert len(cells) == 4 and len({run_key(c) for c in cfgs}) == len(cfgs) == 4 * 3 * len(SEEDS)
+    assert {p.name for p in (tmp_path / "smoke/checkpoints").iterdir()} == {"coldstart", "coldstart-L1"}
+
+    paths = figures.make_figure(8, "smoke", SEEDS, overrides)
+    csv = pd.read_csv(paths[2])
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    pairs = figure_configs(8, "smoke", SEEDS, overrides)
+    exp = client.get_experiment_by_name("study-smoke")
+    per = {}  # (run, lr, depth) -> [(start, final, mean volatility)] over seeds
+    for name, cfg in pairs:
+        rid = client.search_runs([exp.experiment_id], f"tags.run_key = '{run_key(cfg)}'")[0].info.run_id
+        p = {m.step: m.value for m in client.get_metric_history(rid, mlflow_key(PASS1))}
+        v = [m.value for m in client.get_metric_history(rid, f"{VOL}/overall")]
+        per.setdefault((name, cfg.train.lr, figures.depth(cfg)), []).append((p[0], p[max(p)], np.mean(v)))
+    curves, points, refs = (csv[csv.kind == k] for k in ("curve", "point", "reference"))
+    assert len(curves) == len(points) == len(per) and len(refs) == 2 and set(csv.panel) == set("abc")
+    for r in curves.itertuples():
+        depth = int(r.cell.rsplit("=", 1)[1])
+        want = seed_stats([final for _, final, _ in per[(r.run, r.x, depth)]])
+        assert all(close(a, b) for a, b in zip((r.mean, r.lower, r.upper, r.n_seeds), want)), (r, want)
+    for r in points.itertuples():
+        lr, depth = (float(kv.split("=")[1]) for kv in r.cell.split())
+        got = per[(r.run, lr, int(depth))]
+        want = seed_stats([final - start for start, final, _ in got])
+        assert close(r.x, float(np.mean([v for *_, v in got])))
+        assert all(close(a, b) for a, b in zip((r.mean, r.lower, r.upper, r.n_seeds), want)), (r, want)
+    for r in refs.itertuples():
+        depth = int(r.cell.rsplit("=", 1)[1])
+        starts = [s for (_, _, d), v in per.items() if d == depth for s, _, _ in v]
+        assert close(r.mean, float(np.mean(starts)))
+    fig_runs = client.search_runs([exp.experiment_id], "tags.figure = '8'")
+    assert len(fig_runs) == 1
+    assert {a.path for a in client.list_artifacts(fig_runs[0].info.run_id)} == {p.name for p in paths}
+
+    text = report.make_report("smoke", SEEDS, overrides).read_text()
+    sweep_row = [line for line in text.splitlines() if "(Fig. 8, ours)" in line]
+    assert len(sweep_row) == 1 and f"{len(cfgs)} of {len(cfgs)} sweep runs" in sweep_row[0]

@@ -22,6 +22,7 @@ import warnings
 import torch
 
 from gspo_study.errors import NonFiniteError
+from gspo_study.train.torch_backend import param_groups, scaled_lrs
 
 
 def ds_config(cfg, micro_batch_size: int, accumulation: int) -> dict:
@@ -47,7 +48,7 @@ class DeepSpeedBackend:
         self.rank, self.world = rank, world
         micro = cfg.train.micro_batch_size or rows_per_rank
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(),
+            model=model, model_parameters=param_groups(model, cfg.train.router_lr_scale),
             config=ds_config(cfg, micro, math.ceil(rows_per_rank / micro)),
         )  # fmt: skip
         self.model = self.engine.module
@@ -56,8 +57,7 @@ class DeepSpeedBackend:
         self.engine.backward(loss * self.world, scale_wrt_gas=False)
 
     def step(self, lr: float) -> float:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        scaled_lrs(self.optimizer, lr)
         self.engine.set_gradient_accumulation_boundary(True)
         self.engine.step()
         norm = self.engine.get_global_grad_norm()

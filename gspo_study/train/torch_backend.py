@@ -6,12 +6,31 @@ import math
 
 import torch
 
+ROUTER_SUFFIX = ".mlp.gate.weight"  # Qwen3-MoE router (the linear layer scoring experts per token)
+
+
+def param_groups(model, router_lr_scale: float = 1.0) -> list[dict]:
+    """Optimizer parameter groups; routers get `lr_scale = router_lr_scale` (the others 1). Every group's lr
+    is `lr × lr_scale` at each step (`scaled_lrs`)."""
+    named = list(model.named_parameters())
+    if router_lr_scale == 1.0:
+        return [{"params": [p for _, p in named], "lr_scale": 1.0}]
+    routers = [p for n, p in named if n.endswith(ROUTER_SUFFIX)]
+    rest = [p for n, p in named if not n.endswith(ROUTER_SUFFIX)]
+    return [{"params": rest, "lr_scale": 1.0}, {"params": routers, "lr_scale": router_lr_scale}]
+
+
+def scaled_lrs(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
 
 class TorchBackend:
-    def __init__(self, model, lr: float, weight_decay: float, grad_clip: float):
+    def __init__(self, model, lr: float, weight_decay: float, grad_clip: float, router_lr_scale: float = 1.0):
         self.model = model
         self.grad_clip = grad_clip
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        groups = param_groups(model, router_lr_scale)
+        self.optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -21,8 +40,7 @@ class TorchBackend:
         skips the update (gradients dropped) and is returned as is, for the caller to count."""
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip).item()
         if math.isfinite(norm):
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+            scaled_lrs(self.optimizer, lr)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
