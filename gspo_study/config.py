@@ -54,6 +54,10 @@ class SFTConfig:
     lr: float = 3e-3  # AdamW peak learning rate
     warmup_steps: int = 20  # linear warm-up, then cosine decay to 10%
     weight_decay: float = 0.0  # AdamW weight decay
+    target_pass1: float | None = None  # stop once sampled pass@1 on 100 fresh training prompts (× 2) reaches
+    # this, checked every `check_every` steps (None: train all `steps`); puts cold starts of different
+    # architectures at the same strength
+    check_every: int = 10  # steps between target_pass1 checks
     output: str = "coldstart"  # checkpoint name under <results>/<scale>/checkpoints/ (+ `-L16` etc. for
     # preset overrides; see `coldstart_name`)
 
@@ -349,6 +353,14 @@ def validate(cfg: Config) -> None:
     _require(
         t.router_lr_scale > 0,
         f"bad value {t.router_lr_scale} for 'train.router_lr_scale'; allowed: a number > 0",
+    )
+    tp = cfg.sft.target_pass1
+    _require(
+        tp is None or 0 <= tp <= 1, f"bad value {tp} for 'sft.target_pass1'; allowed: null or a number in [0, 1]"
+    )
+    _require(
+        cfg.sft.check_every >= 1,
+        f"bad value {cfg.sft.check_every} for 'sft.check_every'; allowed: an integer >= 1",
     )
     _require(t.grad_clip > 0, f"bad value {t.grad_clip} for 'train.grad_clip'; allowed: a number > 0")
     _require(

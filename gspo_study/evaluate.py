@@ -43,6 +43,15 @@ def _rewards(engine, task, problems, samples, max_new_tokens, batch_size, genera
     return torch.cat(out).view(len(problems), samples)
 
 
+def sampled_pass1(
+    model, tokenizer, task, problems, samples: int, max_new_tokens: int, seed: int = 0
+) -> float:
+    """Mean pass@1 of `samples` temperature-1 samples per problem (no greedy pass)."""
+    gen = torch.Generator().manual_seed(seed)
+    engine = HFEngine(model, tokenizer)
+    return _rewards(engine, task, problems, samples, max_new_tokens, 256, gen, False).mean().item()
+
+
 def evaluate(
     model,
     tokenizer,

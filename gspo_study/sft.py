@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from gspo_study.config import Config, coldstart_name
+from gspo_study.evaluate import sampled_pass1
 from gspo_study.models import save_pretrained
 from gspo_study.rollout.base import teacher_forced_batch
 from gspo_study.runtime import load_policy, seed_everything
@@ -52,6 +53,8 @@ def run_sft(cfg: Config) -> Path:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.sft.warmup_steps, cfg.sft.steps))
     rng, log, start = random.Random(cfg.seed), [], time.time()
+    target = cfg.sft.target_pass1
+    checks = task.sample_train(100, random.Random(cfg.seed + 10_000)) if target is not None else []
     model.train()
     bar = tqdm(range(cfg.sft.steps), desc="sft", dynamic_ncols=True)
     for step in bar:
@@ -67,9 +70,18 @@ def run_sft(cfg: Config) -> Path:
         sched.step()
         log.append({"step": step, "loss": loss.item(), "seconds": time.time() - start})
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        if target is not None and (step + 1) % cfg.sft.check_every == 0:
+            model.eval()
+            with torch.no_grad():
+                log[-1]["pass@1"] = sampled_pass1(
+                    model, tokenizer, task, checks, 2, cfg.rollout.max_new_tokens, cfg.seed
+                )
+            model.train()
+            if log[-1]["pass@1"] >= target:
+                break
     out = checkpoint_dir(cfg)
     meta = {
-        "steps": cfg.sft.steps,
+        "steps": len(log),
         "seed": cfg.seed,
         "seconds": time.time() - start,
         "final_loss": log[-1]["loss"] if log else None,

@@ -4,7 +4,9 @@ A figure lists run files in experiments/figures.yaml; a run's config is experime
 layered with experiments/runs/<run>.yaml and `seed=<s>`. A figure with a `sweep:` (per scale, key → list of
 values) takes every run at every combination of those values (applied as `key=value` overrides). Runs are identified by their config (see
 `tracking.run_key`), so a run shared by two figures runs once, a finished run is skipped, and a killed
-one resumes from its last checkpoint. Each model architecture gets its own cold start (`coldstart_name`).
+one resumes from its last checkpoint. Each model architecture gets its own cold start (`coldstart_name`),
+trained with experiments/<scale>/coldstart.yaml or, if it exists, experiments/<scale>/<coldstart name>.yaml
+(e.g. coldstart-L16.yaml: a deeper model needs more SFT steps to reach the same pass@1).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, load_config
+from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, coldstart_name, load_config
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "paper": [1]}
@@ -98,6 +100,9 @@ def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     from gspo_study.sft import checkpoint_dir, run_sft
 
     cfg = load_config(EXPERIMENTS / scale / "coldstart.yaml", list(overrides))
+    own = EXPERIMENTS / scale / f"{coldstart_name(cfg)}.yaml"  # an architecture's own recipe, if it has one
+    if own.is_file():
+        cfg = load_config(own, list(overrides))
     path = checkpoint_dir(cfg)
     if cfg.init_checkpoint:
         return Path(cfg.init_checkpoint)

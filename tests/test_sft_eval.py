@@ -25,6 +25,23 @@ def test_sft_loss_falls_and_is_deterministic(smoke_results, tmp_path):
     assert [r["loss"] for r in log2] == [r["loss"] for r in log]
 
 
+def test_sft_stops_at_target_pass1(smoke_results, tmp_path):
+    """`sft.target_pass1`: training stops at the first check whose sampled pass@1 reaches the target, and the
+    saved checkpoint records how many steps it took; the per-depth cold start lands in its own directory."""
+    from gspo_study.sft import run_sft
+
+    over = [
+        f"results_dir={tmp_path}",
+        "sft.target_pass1=0.0",
+        "sft.check_every=7",
+        "model.num_hidden_layers=1",
+    ]
+    out = run_sft(load_config("experiments/smoke/base.yaml", over))
+    meta = json.loads((out / "sft_log.json").read_text())
+    assert out.name == "coldstart-L1" and meta["meta"]["steps"] == 7 and len(meta["log"]) == 7
+    assert "pass@1" in meta["log"][-1] and "pass@1" not in meta["log"][0]
+
+
 class OraclePolicy(nn.Module):
     """A stand-in *policy* (not the thing under test): emits a fixed response per prompt, with KV-cache
     call semantics like a causal LM (prefill, then one token per call)."""
