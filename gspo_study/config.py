@@ -83,6 +83,8 @@ class RolloutConfig:
     max_new_tokens: int = 40  # response length cap (truncated responses score 0)
     temperature: float = 1.0  # sampling temperature
     dtype: str = "float32"  # rollout engine dtype: float32 | bfloat16 (precision-mismatch study, §5.4)
+    sharded: bool = False  # each rank generates its share of the batch, every response from its own random
+    # stream, so the tokens do not depend on the world size (paper configs); False: one stream per batch
 
 
 @dataclass
@@ -356,7 +358,8 @@ def validate(cfg: Config) -> None:
     )
     tp = cfg.sft.target_pass1
     _require(
-        tp is None or 0 <= tp <= 1, f"bad value {tp} for 'sft.target_pass1'; allowed: null or a number in [0, 1]"
+        tp is None or 0 <= tp <= 1,
+        f"bad value {tp} for 'sft.target_pass1'; allowed: null or a number in [0, 1]",
     )
     _require(
         cfg.sft.check_every >= 1,

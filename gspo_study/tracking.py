@@ -27,7 +27,8 @@ from gspo_study.config import Config, ConfigError, to_flat_dict
 NON_IDENTITY = ("tracking.", "results_dir", "threads", "eval.batch_size", "train.checkpoint_every")
 # Knobs added after runs were tracked, with their defaults: at the default they are left out of `run_key`, so
 # adding a knob never changes the identity of (and so never re-trains) the runs already tracked.
-LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10}
+LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10,
+               "rollout.sharded": False}  # fmt: skip
 STEP_SENTINEL = "rollout/reward/mean"  # logged at every step; its last step is the resume point
 REPLAY_ABBREV = {"none": "nr", "r2": "r2", "r3": "r3"}
 # MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).

@@ -43,6 +43,7 @@ from gspo_study.moe import (
 )
 from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
 from gspo_study.rollout import RolloutBatch, make_engine
+from gspo_study.rollout.base import merge_batches
 from gspo_study.tasks import get_task
 from gspo_study.tracking import NullTracker, Tracker
 from gspo_study.train.checkpointing import RunState, load_run_checkpoint, run_dir, save_run_checkpoint
@@ -83,15 +84,24 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
     rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
     ctx.engine.sync(ctx.model)
     recorder = record_routing(ctx.engine.model) if cfg.algo.routing_replay == "r3" else None
-    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
-    batch = ctx.engine.generate(
-        [p.prompt for p in rows],
+    if not cfg.rollout.sharded:  # one random stream for the batch; every rank generates all of it
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
+        prompts = [p.prompt for p in rows]
+        batch = ctx.engine.generate(
+            prompts, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen, routing_recorder=recorder
+        )
+        return rows, batch
+    # Sharded: rank r generates rows r·B/W … (r+1)·B/W − 1, response i from its own stream; then every rank
+    # gets the whole batch (advantages need whole groups, the updates split minibatches again).
+    mine = torch.arange(len(rows)).tensor_split(ctx.world)[ctx.rank].tolist()
+    local = ctx.engine.generate(
+        [rows[i].prompt for i in mine],
         cfg.rollout.max_new_tokens,
         cfg.rollout.temperature,
-        gen,
         routing_recorder=recorder,
+        row_seeds=[derive_seed(cfg.seed, step, f"rollout/{i}") for i in mine],
     )
-    return rows, batch
+    return rows, merge_batches(gather(local, ctx.world), ctx.tokenizer.pad_token_id)
 
 
 def chunks(n: int, size: int | None) -> list[torch.Tensor]:
@@ -294,7 +304,12 @@ def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
             "none (allowed here: routing_replay=none)"
         )
     rank, world, backend = make_backend(cfg, model)
-    if optim_state is not None:
+    if hasattr(backend, "load_sharded") and state.step > 0:  # deepspeed: every rank reads its ZeRO partition
+        if state.zero_tag:
+            backend.load_sharded(run_dir(cfg) / "zero", state.zero_tag)
+        else:
+            backend.load_state_dict(None)  # a checkpoint from before ZeRO state was saved: fresh optimizer
+    elif optim_state is not None:
         backend.load_state_dict(optim_state)
     objective = get_objective(
         cfg.algo.objective,

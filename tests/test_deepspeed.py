@@ -1,5 +1,7 @@
 """The deepspeed backend with 2 real ranks on CPU (gloo, DS_ACCELERATOR=cpu) gives the single-process
-backend's losses and parameter updates, for ZeRO-2 and ZeRO-3, GSPO and GRPO with routing replay."""
+backend's losses and parameter updates, for ZeRO-2 and ZeRO-3, GSPO and GRPO with routing replay, with
+rollouts generated whole on every rank or sharded across ranks; it skips non-finite updates; and a killed
+run resumes from its ZeRO checkpoint (weights and Adam state) to the numbers of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -19,30 +21,44 @@ from tests.test_trainer import history
 
 pytest.importorskip("deepspeed")
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-CASES = [("gspo", "none", 2), ("gspo", "none", 3), ("grpo", "r2", 2), ("grpo", "r2", 3)]
+CASES = [
+    ("gspo", "none", 2, ()),
+    ("gspo", "none", 3, ()),
+    ("grpo", "r2", 2, ()),
+    ("grpo", "r2", 3, ()),
+    ("grpo", "r3", 3, ("rollout.sharded=true",)),
+    ("gspo", "none", 2, ("rollout.sharded=true",)),
+]
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _weights(cfg) -> dict[str, torch.Tensor]:
     return load_file(str(next((run_dir(cfg) / "checkpoint").glob("*.safetensors"))))
 
 
-@pytest.mark.parametrize("objective, replay, stage", CASES)
-def test_two_ranks_match_single_process(smoke_cfg, objective, replay, stage):
-    common = [f"algo.objective={objective}", f"algo.routing_replay={replay}", "train.steps=2", "eval.every=0"]
+def _torchrun(overrides: list[str], env=ENV, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "gspo_study", "train",
+           "experiments/smoke/base.yaml", *overrides]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert not check or done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _store(cfg) -> list[str]:
+    return [f"results_dir={cfg.results_dir}", f"tracking.uri={cfg.tracking.uri}",
+            f"init_checkpoint={cfg.init_checkpoint}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("objective, replay, stage, extra", CASES)
+def test_two_ranks_match_single_process(smoke_cfg, objective, replay, stage, extra):
+    common = [f"algo.objective={objective}", f"algo.routing_replay={replay}", "train.steps=2", "eval.every=0",
+              *extra]  # fmt: skip
     single = smoke_cfg(*common)
     train(single)
     ranks = [*common, "train.backend=deepspeed", f"train.zero_stage={stage}"]
     ds = smoke_cfg(*ranks)
-    overrides = [
-        f"results_dir={ds.results_dir}",
-        f"tracking.uri={ds.tracking.uri}",
-        f"init_checkpoint={ds.init_checkpoint}",
-    ]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "gspo_study", "train",
-           "experiments/smoke/base.yaml", *overrides, *ranks]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    overrides = _store(ds)
+    _torchrun(overrides + ranks)
     assert load_config("experiments/smoke/base.yaml", overrides + ranks) == ds
     h1, h2 = history(single), history(ds)
     for key in (
@@ -67,3 +83,33 @@ def test_two_ranks_match_single_process(smoke_cfg, objective, replay, stage):
     assert (upd2 - upd1).abs().max() < 0.5 * lr
     assert (upd2 - upd1).norm() < 0.01 * upd1.norm()
     assert upd1.norm() > 0  # the comparison is of real updates
+
+
+def test_resume_from_zero_checkpoint_gives_uninterrupted_numbers(smoke_cfg, tmp_path):
+    """Killed (SIGKILL) right after its step-2 checkpoint, a 2-rank ZeRO-2 run resumes from the ZeRO state and
+    logs at step 3 what a run that was never interrupted logs; only the newest ZeRO tag is kept."""
+    run = ["train.backend=deepspeed", "train.zero_stage=2", "train.steps=3", "eval.every=0",
+           "train.checkpoint_every=1", "rollout.sharded=true"]  # fmt: skip
+    other = [f"results_dir={tmp_path / 'killed'}", "tracking.experiment=killed"]  # same run, own dir
+    whole, killed = smoke_cfg(*run, "seed=5"), smoke_cfg(*run, "seed=5", *other)
+    _torchrun(_store(whole) + run + ["seed=5"])
+    over = _store(killed) + run + ["seed=5", "tracking.experiment=killed"]
+    done = _torchrun(over, env={**ENV, "GSPO_STUDY_KILL_AT_STEP": "2"}, check=False)
+    assert done.returncode != 0 and history(killed)["rollout/reward/mean"].keys() == {1, 2}
+    _torchrun(over)
+    h1, h2 = history(whole), history(killed)
+    for key in ("policy/loss", "policy/ratio/token_var", "train/grad_norm", "rollout/reward/mean"):
+        assert h2[key].keys() == {1, 2, 3}, key
+        assert h2[key][3] == pytest.approx(h1[key][3], rel=1e-6, abs=1e-9), key
+    assert [p.name for p in (run_dir(killed) / "zero").iterdir() if p.is_dir()] == ["step00000003"]
+    w1, w2 = _weights(whole), _weights(killed)
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_nonfinite_update_is_skipped(smoke_results, stage):
+    script = Path(__file__).with_name("ds_backend_check.py")
+    ckpt = smoke_results / "smoke/checkpoints/coldstart"
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(script), str(ckpt), str(stage)]
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.count(": ok") == 2, done.stderr[-3000:]

@@ -54,6 +54,52 @@ class RolloutBatch:
         )
 
 
+def _pad_time(x: torch.Tensor, left: int, right: int, value=0) -> torch.Tensor:
+    """Pad dimension 1 of `x` with `left` and `right` entries of `value`."""
+    if left == right == 0:
+        return x
+    shape = list(x.shape)
+    parts = []
+    for width in (left, right):
+        shape[1] = width
+        parts.append(torch.full(shape, value, dtype=x.dtype))
+    return torch.cat([parts[0], x, parts[1]], dim=1)
+
+
+def merge_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """One batch of the rows of `batches`, in order, re-laid out on the widest prompt and the longest
+    response (what one engine call over all the prompts would have produced). Routing traces are re-padded
+    with expert 0 on the padding positions, which every consumer masks."""
+    if len(batches) == 1:
+        return batches[0]
+    P = max(b.prompt_len for b in batches)
+    N = max(b.sequences.shape[1] - b.prompt_len for b in batches)
+    parts: dict[str, list] = {k: [] for k in ("seq", "att", "resp", "lp", "routing")}
+    for b in batches:
+        left, right = P - b.prompt_len, N - (b.sequences.shape[1] - b.prompt_len)
+        parts["seq"].append(_pad_time(b.sequences, left, right, pad_id))
+        parts["att"].append(_pad_time(b.attention_mask, left, right))
+        parts["resp"].append(_pad_time(b.response_mask, left, right, False))
+        parts["lp"].append(_pad_time(b.rollout_logprobs, left, right, 0.0))
+        if b.routing is not None:
+            from gspo_study.moe import RoutingTrace
+
+            ids = {layer: _pad_time(t, left, right) for layer, t in b.routing.indices.items()}
+            parts["routing"].append(RoutingTrace(ids))
+    if parts["routing"] and len(parts["routing"]) != len(batches):
+        raise ValueError("cannot merge rollout batches where only some carry a routing trace")
+    return RolloutBatch(
+        sequences=torch.cat(parts["seq"]),
+        attention_mask=torch.cat(parts["att"]),
+        response_mask=torch.cat(parts["resp"]),
+        rollout_logprobs=torch.cat(parts["lp"]),
+        response_texts=[t for b in batches for t in b.response_texts],
+        truncated=torch.cat([b.truncated for b in batches]),
+        prompt_len=P,
+        routing=type(parts["routing"][0]).cat(parts["routing"]) if parts["routing"] else None,
+    )
+
+
 def teacher_forced_batch(tokenizer, prompts: list[str], responses: list[str]) -> RolloutBatch:
     """Given responses (+ EOS) laid out like a rollout: for SFT and for scoring fixed responses."""
     from gspo_study.rollout.hf import encode_prompts

@@ -57,10 +57,17 @@ class HFEngine:
         generator: torch.Generator | None = None,
         greedy: bool = False,
         routing_recorder: contextlib.AbstractContextManager | None = None,
+        row_seeds: list[int] | None = None,
     ) -> RolloutBatch:
         """Sample one response per prompt (repeat prompts for groups). `routing_recorder` (e.g.
-        `record_routing(model)`) is entered around prefill and decode so its trace spans the batch."""
+        `record_routing(model)`) is entered around prefill and decode so its trace spans the batch.
+        `row_seeds` gives every response its own random stream (instead of `generator` for the batch), so a
+        response does not depend on which other prompts share its batch (sharded rollouts)."""
         seq, mask = encode_prompts(self.tokenizer, prompts)
+        if row_seeds is not None:
+            if len(row_seeds) != len(prompts):
+                raise ValueError(f"{len(row_seeds)} row seeds for {len(prompts)} prompts")
+            generator = [torch.Generator().manual_seed(int(s)) for s in row_seeds]
         was_training = self.model.training
         self.model.eval()
         try:
@@ -96,6 +103,11 @@ class HFEngine:
             logprobs = torch.log_softmax(logits / temperature, dim=-1)
             if greedy:
                 tok = logprobs.argmax(-1)
+            elif isinstance(generator, list):  # one stream per row
+                probs = logprobs.exp()
+                tok = torch.cat(
+                    [torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)]
+                )
             else:
                 tok = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
             tok_logp = logprobs.gather(-1, tok[:, None]).squeeze(-1)

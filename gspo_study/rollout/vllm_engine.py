@@ -462,9 +462,12 @@ class VLLMEngine:
         generator: torch.Generator | None = None,
         greedy: bool = False,
         routing_recorder=None,
+        row_seeds: list[int] | None = None,
     ) -> RolloutBatch:
         """Sample one response per prompt. A `routing_recorder` (any non-None value; the HF recorder
-        context is not entered) asks for the rollout's routing, returned as `batch.routing` (R3)."""
+        context is not entered) asks for the rollout's routing, returned as `batch.routing` (R3).
+        `row_seeds` are the requests' vLLM seeds (sharded rollouts); otherwise they are drawn from
+        `generator`."""
         want_routing = routing_recorder is not None
         llm = self._engine(want_routing)
         if want_routing and not self._routing:
@@ -480,7 +483,9 @@ class VLLMEngine:
         try:
             request_outputs = llm.generate(
                 [{"prompt_token_ids": ids} for ids in prompt_ids],
-                self._sampling_params(len(prompts), max_new_tokens, temperature, generator, greedy),
+                self._sampling_params(
+                    len(prompts), max_new_tokens, temperature, generator, greedy, row_seeds
+                ),
                 use_tqdm=False,
             )
         finally:
@@ -539,13 +544,16 @@ class VLLMEngine:
             self._weights_stale = self._weights_stale or self.sleep_level >= 2
 
     # ---- helpers ---------------------------------------------------------------------------------
-    def _sampling_params(self, n, max_new_tokens, temperature, generator, greedy):
+    def _sampling_params(self, n, max_new_tokens, temperature, generator, greedy, row_seeds=None):
         from vllm import SamplingParams
 
         eos = self.tokenizer.eos_token_id
+        seeds = (
+            request_seeds(n, generator) if row_seeds is None else [int(s) % (2**31 - 1) for s in row_seeds]
+        )
         return [
             SamplingParams(**sampling_kwargs(max_new_tokens, temperature, greedy, seed, eos))
-            for seed in request_seeds(n, generator)
+            for seed in seeds
         ]
 
     def _routing_trace(self, prompt_ids, samples, routings) -> RoutingTrace:

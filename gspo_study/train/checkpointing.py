@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class RunState:
     nonfinite_streak: int = 0  # consecutive skipped updates
     nonfinite_total: int = 0  # skipped updates so far
     mlflow_run_id: str = ""
+    zero_tag: str = ""  # deepspeed: the ZeRO checkpoint (<run dir>/zero/<tag>) saved with this state
 
     def note_update(self, grad_norm: float) -> None:
         if math.isfinite(grad_norm):
@@ -108,7 +110,11 @@ def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None):
 def save_run_checkpoint(ctx) -> Path:
     """Rank 0 writes; under ZeRO-3 every rank first joins in gathering the full weights."""
     path = run_dir(ctx.cfg) / "checkpoint"
+    zero = run_dir(ctx.cfg) / "zero"
     ctx.state.mlflow_run_id = ctx.tracker.run_id
+    if hasattr(ctx.backend, "save_sharded"):  # every rank writes its ZeRO partition first, under a new tag
+        ctx.state.zero_tag = f"step{ctx.state.step:08d}"
+        ctx.backend.save_sharded(zero, ctx.state.zero_tag)
     optim = ctx.backend.state_dict()
     extra = {
         "trainer_state.json": asdict(ctx.state),
@@ -117,5 +123,11 @@ def save_run_checkpoint(ctx) -> Path:
     gathered = getattr(ctx.backend, "gathered_parameters", contextlib.nullcontext)
     with gathered():
         if ctx.rank == 0:
-            save_pretrained(ctx.model, ctx.tokenizer, path, extra=extra)
+            save_pretrained(ctx.model, ctx.tokenizer, path, extra=extra)  # atomic: the commit point
+    if ctx.world > 1:
+        torch.distributed.barrier()  # nobody deletes or resumes before the commit
+    if ctx.rank == 0 and ctx.state.zero_tag:  # older tags are no longer referenced
+        for old in zero.iterdir():
+            if old.name != ctx.state.zero_tag and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
     return path

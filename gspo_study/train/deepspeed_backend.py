@@ -1,23 +1,30 @@
 """The `deepspeed` training backend: ZeRO-2 / ZeRO-3 data parallelism over torchrun ranks.
 
-Division of work (first version, exact rather than fast): every rank holds the whole rollout batch
-(generated identically from the same seed), computes π_old and telemetry on all of it, and updates on its
-share of each minibatch (rows rank::world). The loss of a micro-batch is divided by the *whole
-minibatch's* response (or token) count and multiplied by the world size, because DeepSpeed averages
-gradients over ranks: the summed gradient then equals the single-process gradient, whatever the world
+Division of work: every rank holds the whole rollout batch (see Rollouts below), computes π_old and
+telemetry on all of it, and updates on its share of each minibatch (rows rank::world). The loss of a
+micro-batch is divided by the *whole minibatch's* response (or token) count and multiplied by the world
+size, because DeepSpeed averages gradients over ranks: the summed gradient then equals the single-process gradient, whatever the world
 size or micro-batch size (PAPER.md pitfalls). DeepSpeed's own loss scaling by gradient-accumulation
 steps is turned off (`scale_wrt_gas=False`) for the same reason.
 
-Known limits: a non-finite update is detected from DeepSpeed's global grad norm after it was applied, so
-the run stops (NonFiniteError) instead of skipping it; rollouts are not yet sharded across ranks; a resumed
-DeepSpeed run reloads the weights but starts a fresh optimizer state (ZeRO state is partitioned and not
-yet checkpointed), so it is not bit-identical to an uninterrupted run.
+Rollouts: with `rollout.sharded` each rank generates its share of the batch (every response from its own
+random stream) and the shares are gathered, so every rank holds the whole batch, identical to what one
+process generates; without it every rank generates the whole batch from one stream.
+
+Non-finite updates: DeepSpeed's ZeRO optimizers (≥ 0.19, fp32 and bf16 with overflow checks) discard a step
+whose global grad norm is not finite and report the norm as inf; `step` returns it for the trainer to count
+as a skipped update, and stops the run (NonFiniteError) if the optimizer did not flag the overflow.
+
+Checkpoints: ZeRO state is partitioned across ranks, so every rank writes its partition with DeepSpeed's
+own `save_checkpoint` under `<run dir>/zero/<tag>` before rank 0 commits the run checkpoint that names the
+tag; resuming loads that tag on every rank (weights and Adam moments), so a resumed run continues exactly.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -62,19 +69,32 @@ class DeepSpeedBackend:
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         norm = float(norm) if norm is not None else float("nan")
-        if not math.isfinite(norm):  # already applied: DeepSpeed does not skip fp32 steps
+        if not math.isfinite(norm) and not getattr(self.optimizer, "overflow", False):
             raise NonFiniteError(
                 f"DeepSpeed applied an update with a non-finite gradient (norm {norm}); lower train.lr"
             )
-        return norm
+        return norm  # non-finite: the ZeRO optimizer skipped the step (overflow) and dropped the gradients
 
+    # ---- checkpoints: every rank writes / reads its own partition --------------------------------------
     def state_dict(self) -> None:
-        return None  # ZeRO optimizer state is partitioned across ranks; not saved yet (module docstring)
+        return None  # nothing for rank 0 to write: see save_sharded
 
     def load_state_dict(self, state: dict | None) -> None:
         warnings.warn(
-            "the deepspeed backend resumes with a fresh optimizer state (not checkpointed yet)", stacklevel=2
+            "a deepspeed run checkpoint without ZeRO state: resuming with a fresh optimizer", stacklevel=2
         )
+
+    def save_sharded(self, directory: Path, tag: str) -> None:
+        """Collective: every rank writes its ZeRO partition (weights and Adam state) as `directory/tag`."""
+        self.engine.save_checkpoint(str(directory), tag=tag, save_latest=False)
+
+    def load_sharded(self, directory: Path, tag: str) -> None:
+        """Collective: every rank reads its partition of `directory/tag` back (weights and Adam state)."""
+        path, _ = self.engine.load_checkpoint(
+            str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        if path is None:
+            raise FileNotFoundError(f"no ZeRO checkpoint {directory / tag}")
 
     def gathered_parameters(self):
         """Context in which every rank sees full parameters (ZeRO-3 partitions them)."""
