@@ -120,17 +120,16 @@ def coldstart_overrides(cfg: Config) -> tuple[str, ...]:
 
 
 def run_figure(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[Config]:
-    """Train every run the figure needs that has not finished (each model's cold start first)."""
+    """Train every run the figure needs that has not finished (each model's cold start when first needed)."""
     from gspo_study.trainer import train
 
     configs = figure_configs(figure, scale, seeds, overrides)
-    for model in dict.fromkeys(coldstart_overrides(cfg) for _, cfg in configs if not cfg.init_checkpoint):
-        ensure_coldstart(scale, (*overrides, *model))
     done = []
     for i, (run, cfg) in enumerate(configs, 1):
-        print(
-            f"== figure {figure} [{i}/{len(configs)}]: {run} seed {cfg.seed} {' '.join(coldstart_overrides(cfg))}"
-        )
+        model = coldstart_overrides(cfg)
+        print(f"== figure {figure} [{i}/{len(configs)}]: {run} seed {cfg.seed} {' '.join(model)}")
+        if not cfg.init_checkpoint:
+            ensure_coldstart(scale, (*overrides, *model))  # when first needed: a partial sweep makes progress
         train(cfg)
         done.append(cfg)
     return done
