@@ -265,3 +265,18 @@ def test_figure_8_sweep(smoke_results, tmp_path):
     text = report.make_report("smoke", SEEDS, overrides).read_text()
     sweep_row = [line for line in text.splitlines() if "(Fig. 8, ours)" in line]
     assert len(sweep_row) == 1 and f"{len(cfgs)} of {len(cfgs)} sweep runs" in sweep_row[0]
+
+
+def test_summary_table_from_tracked_runs(study):
+    """analysis/summary.py: the gain column is final − step-0 pass@1 per seed, averaged, from MLflow."""
+    from analysis import summary
+
+    root, overrides = study
+    run_figure(1, "smoke", SEEDS, overrides)
+    text = summary.summary("smoke", ["gspo"], SEEDS, (), overrides)
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    hist = histories(client, [("gspo", run_config("smoke", "gspo", s, overrides)) for s in SEEDS])
+    p = [h[mlflow_key(PASS1)] for h in hist.values()]
+    gain = seed_stats([h[max(h)] - h[0] for h in p])
+    row = next(line for line in text.splitlines() if line.startswith("| gspo |"))
+    assert f"{gain[0]:.4f} [{gain[1]:.4f}, {gain[2]:.4f}] (n=2)" in row.split(" | ")[3]

@@ -1,0 +1,72 @@
+"""A table of tracked runs: held-out pass@1 at the start and end, its gain, and training averages, with seed
+means and 95% t-intervals — for ablations that have no figure of their own.
+
+    python analysis/summary.py --scale cpu --runs gspo,grpo_r2,grpo [--layer experiments/ablations/x.yaml]
+                               [--seeds 1,2,3] [key=value ...]
+
+Runs are `experiments/<scale>/base.yaml` + `experiments/runs/<run>.yaml` (+ each `--layer` file) + `seed=<s>`
++ overrides, found in MLflow by their `run_key` like every figure's runs; missing ones are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `analysis` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.common import PASS1, REWARD, load, mean_ci  # noqa: E402
+from gspo_study.config import ConfigError, load_config  # noqa: E402
+from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base  # noqa: E402
+
+AVERAGED = {"routing volatility": "moe/routing_volatility/overall", "clip fraction": "policy/clip_frac/token"}
+
+
+def _ci(values) -> str:
+    mean, lo, hi, n = mean_ci(values)
+    return f"{mean:.4f}" + ("" if lo != lo else f" [{lo:.4f}, {hi:.4f}]") + f" (n={n})"
+
+
+def summary(scale: str, runs: list[str], seeds: list[int], layers=(), overrides=()) -> str:
+    pairs = []
+    for run in runs:
+        files = [scale_base(scale), EXPERIMENTS / "runs" / f"{run}.yaml", *map(Path, layers)]
+        pairs += [(run, load_config(files, [f"seed={s}", *overrides])) for s in seeds]
+    study = load(pairs)
+    lines = [f"runs: {', '.join(runs)}; layers: {', '.join(layers) or '-'}; seeds: {seeds}", ""]
+    lines += ["| run | pass@1 start | pass@1 end | gain | reward, last 10 steps | "
+              + " | ".join(AVERAGED) + " |", "|---" * (5 + len(AVERAGED)) + "|"]  # fmt: skip
+    for run in study.names():
+        p = study.values(PASS1, run).sort_values("step")
+        start, end = p[p.step == 0].groupby("seed").value.first(), p.groupby("seed").value.last()
+        r = study.values(REWARD, run)
+        last = r[r.step > r.step.max() - 10].groupby("seed").value.mean()
+        avg = [_ci(study.values(m, run).groupby("seed").value.mean()) for m in AVERAGED.values()]
+        lines.append(f"| {run} | {_ci(start)} | {_ci(end)} | {_ci(end - start)} | {_ci(last)} | "
+                     + " | ".join(avg) + " |")  # fmt: skip
+    for run, seed, why in study.missing:
+        lines.append(f"missing: {run} seed {seed} ({why})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", default="cpu")
+    p.add_argument("--runs", required=True, help="run files, comma-separated (experiments/runs/<run>.yaml)")
+    p.add_argument("--layer", action="append", default=[], help="extra YAML layered on every run")
+    p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run")
+    args = p.parse_args(argv)
+    try:
+        seeds = parse_seeds(args.seeds, args.scale)
+        print(summary(args.scale, args.runs.split(","), seeds, args.layer, args.overrides))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
