@@ -267,6 +267,12 @@ def _draw_points(ax, rows: pd.DataFrame, colors) -> None:
     for (run, metric), g in rows.groupby(["run", "metric"], sort=False):
         name = f"{g.series.iat[0]}: {metric.rsplit('/', 1)[-1]}"
         ax.scatter(g.x, g["mean"], marker=markers[metric], color=colors.get(run), alpha=0.7, label=name)
+        for r in g.itertuples():  # sweep points: say which cell each is
+            if isinstance(r.cell, str) and r.cell:
+                short = r.cell.replace("train.lr=", "lr ").replace("model.num_hidden_layers=", "L")
+                ax.annotate(
+                    short, (r.x, r.mean), fontsize=5, alpha=0.7, xytext=(2, 2), textcoords="offset points"
+                )
         if g.lower.notna().any():  # seed-aggregated points carry their interval
             err = [(g["mean"] - g.lower).fillna(0), (g.upper - g["mean"]).fillna(0)]
             ax.errorbar(g.x, g["mean"], yerr=err, fmt="none", color=colors.get(run), alpha=0.5, capsize=2)
