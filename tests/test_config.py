@@ -77,3 +77,19 @@ def test_every_experiment_file_loads_on_every_scale(scale):
         cfg = load_config([base, extra])
         assert cfg.scale == scale, extra  # the run file changes switches, never the scale
     assert load_config(Path(f"experiments/{scale}/coldstart.yaml")).scale == scale
+
+
+def test_later_knobs_at_their_default_keep_run_identity():
+    """A knob added after runs were tracked is part of a run's identity only away from its default, and a
+    preset override equal to the preset is no override (same run, same cold start)."""
+    from gspo_study.config import coldstart_name
+    from gspo_study.tracking import LATER_KNOBS, run_key
+
+    files = ["experiments/cpu/base.yaml", "experiments/runs/gspo.yaml"]
+    base = load_config(files)
+    assert all(run_key(load_config(files, [f"{k}={v}"])) == run_key(base) for k, v in LATER_KNOBS.items()
+               if v is not None)  # fmt: skip
+    assert run_key(load_config(files, ["train.router_lr_scale=30"])) != run_key(base)
+    same = load_config(files, ["model.num_hidden_layers=8"])
+    assert run_key(same) == run_key(base) and coldstart_name(same) == "coldstart"
+    assert coldstart_name(load_config(files, ["model.num_hidden_layers=16"])) == "coldstart-L16"
