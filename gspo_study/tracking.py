@@ -176,14 +176,23 @@ class Tracker:
     logged_upto: int  # highest step already in the store (resume skips up to it)
 
     @classmethod
-    def open(cls, cfg: Config, create: bool = True) -> Tracker | None:
-        """This config's run (resume), else a new one — or None when `create` is False."""
+    def open(cls, cfg: Config, create: bool = True, origin: str = "") -> Tracker | None:
+        """This config's run (resume), else a new one — or None when `create` is False. `origin` is the
+        fingerprint of the checkpoint the run starts from: a tracked run that started from another one (the
+        cold start was retrained since) is not silently resumed or reused (ConfigError)."""
         uri = tracking_uri(cfg)
         client, exp_id = _connect(uri, cfg.tracking.experiment)
         key = run_key(cfg)
         found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
         if found:
             run = found[0]
+            was = run.data.tags.get("init_fingerprint")
+            if origin and was and was != origin:
+                raise ConfigError(
+                    f"MLflow run {run.info.run_name} ({run.info.run_id}) started from a different checkpoint "
+                    f"(fingerprint {was}, now {origin}): the cold start changed since; delete that run "
+                    f"(`mlflow runs delete --run-id {run.info.run_id}`) or restore the checkpoint"
+                )
             history = client.get_metric_history(run.info.run_id, STEP_SENTINEL)
             upto = max((m.step for m in history), default=-1)
             if run.info.status not in ("RUNNING", "FINISHED"):
@@ -191,7 +200,8 @@ class Tracker:
             return cls(client, run.info.run_id, exp_id, upto)
         if not create:
             return None
-        run = _retry(client.create_run, exp_id, run_name=run_name(cfg), tags=cls._tags(cfg, key))
+        tags = {**cls._tags(cfg, key), **({"init_fingerprint": origin} if origin else {})}
+        run = _retry(client.create_run, exp_id, run_name=run_name(cfg), tags=tags)
         cls._log_params(client, run.info.run_id, cfg)
         return cls(client, run.info.run_id, exp_id, -1)
 

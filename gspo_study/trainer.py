@@ -32,6 +32,7 @@ from tqdm import tqdm
 from gspo_study.config import Config, ConfigError
 from gspo_study.errors import NonFiniteError
 from gspo_study.evaluate import evaluate, score
+from gspo_study.models.checkpoint import fingerprint
 from gspo_study.models.presets import active_params
 from gspo_study.moe import (
     RoutingTrace,
@@ -46,7 +47,13 @@ from gspo_study.rollout import RolloutBatch, make_engine
 from gspo_study.rollout.base import merge_batches
 from gspo_study.tasks import get_task
 from gspo_study.tracking import NullTracker, Tracker
-from gspo_study.train.checkpointing import RunState, load_run_checkpoint, run_dir, save_run_checkpoint
+from gspo_study.train.checkpointing import (
+    RunState,
+    init_checkpoint,
+    load_run_checkpoint,
+    run_dir,
+    save_run_checkpoint,
+)
 from gspo_study.train.dist import gather, init_distributed
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.torch_backend import TorchBackend
@@ -363,12 +370,14 @@ def _due(step: int, every: int, last: int) -> bool:
 
 def train(cfg: Config) -> dict[str, float]:
     """Run (or resume, or skip if finished) the run this config describes; returns the last metrics."""
-    tracker = Tracker.open(cfg, create=False)
+    start = init_checkpoint(cfg)
+    origin = fingerprint(start) if start.is_dir() else ""
+    tracker = Tracker.open(cfg, create=False, origin=origin)
     if tracker is not None and tracker.finished():
         print(f"run {tracker.run_id} ({run_dir(cfg).name}) already finished; skipping")
         return {}
     ctx = setup(cfg, tracker.run_id if tracker is not None else None)
-    ctx.tracker = tracker = (tracker or Tracker.open(cfg)) if ctx.rank == 0 else NullTracker()
+    ctx.tracker = tracker = (tracker or Tracker.open(cfg, origin=origin)) if ctx.rank == 0 else NullTracker()
     metrics: dict[str, float] = {}
     try:
         if ctx.state.step == 0:

@@ -4,6 +4,7 @@ one-line errors that write nothing, failing reward functions, concurrent writers
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -269,3 +270,25 @@ def test_killed_sweep_resumes_to_the_same_figure(smoke_results, tmp_path):
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward/mean")]
         assert sorted(steps) == [1, 2, 3]
+
+
+def test_run_from_a_retrained_cold_start_is_not_reused(smoke_cfg, smoke_results, tmp_path, capsys):
+    """A tracked run remembers the fingerprint of the checkpoint it started from; once that cold start is
+    retrained at the same path, the run is neither skipped as finished nor resumed: a one-line error (exit 2)
+    says which run and how to proceed."""
+    init = tmp_path / "cold"
+    shutil.copytree(smoke_results / "smoke/checkpoints/coldstart", init)
+    cfg = smoke_cfg("train.steps=1", "eval.every=0", f"init_checkpoint={init}")
+    train(cfg)
+    log = init / "sft_log.json"
+    log.write_text(
+        log.read_text().replace('"seed": 1', '"seed": 2')
+    )  # as a retrained cold start would differ
+    args = ["train", "experiments/smoke/base.yaml", f"results_dir={cfg.results_dir}", f"tracking.uri={cfg.tracking.uri}",
+            f"init_checkpoint={init}", "train.steps=1", "eval.every=0"]  # fmt: skip
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and "started from a different checkpoint" in err[0] and "mlflow runs delete" in err[0]
+    )
