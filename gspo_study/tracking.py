@@ -141,8 +141,9 @@ def _connect_once(uri: str, experiment: str):
 
 def _connect(uri: str, experiment: str):
     """(client, experiment id); an unreachable store is a one-line ConfigError, found fast (no retry storm)."""
-    # Two runs creating one new sqlite store race on its schema; the loser retries and finds it made.
-    attempts = 4 if uri.startswith("sqlite:") else 1
+    # Two runs (or two ranks of one run) creating one new sqlite store race on its schema; the loser retries
+    # and finds it made. Creating the schema takes seconds on a loaded machine, hence up to ~20 s of retries.
+    attempts = 10 if uri.startswith("sqlite:") else 1
     for i in range(attempts):
         try:
             return _connect_once(uri, experiment)
@@ -152,7 +153,7 @@ def _connect(uri: str, experiment: str):
                     f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__}); "
                     "set tracking.uri or MLFLOW_TRACKING_URI to a reachable store"
                 ) from None
-            time.sleep(0.5 * (i + 1))
+            time.sleep(min(0.5 * (i + 1), 3.0))
 
 
 def _retry(fn, *args, attempts: int = 8, **kwargs):
