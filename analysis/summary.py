@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # run as a script: make `analysis` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.common import PASS1, REWARD, load, mean_ci  # noqa: E402
+from analysis.report import final_pass, gain, training_mean  # noqa: E402
 from gspo_study.config import ConfigError, load_config  # noqa: E402
 from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base  # noqa: E402
 
@@ -39,12 +40,11 @@ def summary(scale: str, runs: list[str], seeds: list[int], layers=(), overrides=
     lines += ["| run | pass@1 start | pass@1 end | gain | reward, last 10 steps | "
               + " | ".join(AVERAGED) + " |", "|---" * (5 + len(AVERAGED)) + "|"]  # fmt: skip
     for run in study.names():
-        p = study.values(PASS1, run).sort_values("step")
-        start, end = p[p.step == 0].groupby("seed").value.first(), p.groupby("seed").value.last()
+        start = study.values(PASS1, run).query("step == 0").groupby("seed").value.first()
         r = study.values(REWARD, run)
         last = r[r.step > r.step.max() - 10].groupby("seed").value.mean()
-        avg = [_ci(study.values(m, run).groupby("seed").value.mean()) for m in AVERAGED.values()]
-        lines.append(f"| {run} | {_ci(start)} | {_ci(end)} | {_ci(end - start)} | {_ci(last)} | "
+        avg = [_ci(training_mean(m)(study, run)) for m in AVERAGED.values()]
+        lines.append(f"| {run} | {_ci(start)} | {_ci(final_pass(study, run))} | {_ci(gain(study, run))} | {_ci(last)} | "
                      + " | ".join(avg) + " |")  # fmt: skip
     for run, seed, why in study.missing:
         lines.append(f"missing: {run} seed {seed} ({why})")

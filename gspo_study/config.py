@@ -344,6 +344,12 @@ def validate(cfg: Config) -> None:
             t.micro_batch_size >= 1,
             f"bad value {t.micro_batch_size} for 'train.micro_batch_size'; allowed: an integer >= 1",
         )
+    _validate_optimisation(cfg)
+
+
+def _validate_optimisation(cfg: Config) -> None:
+    """Learning rates, step counts and the other optimiser / SFT / eval numbers."""
+    t = cfg.train
     _require(
         t.lr > 0 and cfg.sft.lr > 0,
         f"bad learning rate (train.lr={t.lr}, sft.lr={cfg.sft.lr}); allowed: a number > 0",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
+import torch.nn.functional as F
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -54,18 +55,6 @@ class RolloutBatch:
         )
 
 
-def _pad_time(x: torch.Tensor, left: int, right: int, value=0) -> torch.Tensor:
-    """Pad dimension 1 of `x` with `left` and `right` entries of `value`."""
-    if left == right == 0:
-        return x
-    shape = list(x.shape)
-    parts = []
-    for width in (left, right):
-        shape[1] = width
-        parts.append(torch.full(shape, value, dtype=x.dtype))
-    return torch.cat([parts[0], x, parts[1]], dim=1)
-
-
 def merge_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     """One batch of the rows of `batches`, in order, re-laid out on the widest prompt and the longest
     response (what one engine call over all the prompts would have produced). Routing traces are re-padded
@@ -76,16 +65,14 @@ def merge_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     N = max(b.sequences.shape[1] - b.prompt_len for b in batches)
     parts: dict[str, list] = {k: [] for k in ("seq", "att", "resp", "lp", "routing")}
     for b in batches:
-        left, right = P - b.prompt_len, N - (b.sequences.shape[1] - b.prompt_len)
-        parts["seq"].append(_pad_time(b.sequences, left, right, pad_id))
-        parts["att"].append(_pad_time(b.attention_mask, left, right))
-        parts["resp"].append(_pad_time(b.response_mask, left, right, False))
-        parts["lp"].append(_pad_time(b.rollout_logprobs, left, right, 0.0))
-        if b.routing is not None:
-            from gspo_study.moe import RoutingTrace
-
-            ids = {layer: _pad_time(t, left, right) for layer, t in b.routing.indices.items()}
-            parts["routing"].append(RoutingTrace(ids))
+        time = (P - b.prompt_len, N - (b.sequences.shape[1] - b.prompt_len))  # pad dim 1: left, right
+        parts["seq"].append(F.pad(b.sequences, time, value=pad_id))
+        parts["att"].append(F.pad(b.attention_mask, time))
+        parts["resp"].append(F.pad(b.response_mask, time, value=False))
+        parts["lp"].append(F.pad(b.rollout_logprobs, time))
+        if b.routing is not None:  # [B, T, k] per layer
+            ids = {layer: F.pad(t, (0, 0, *time)) for layer, t in b.routing.indices.items()}
+            parts["routing"].append(type(b.routing)(ids))
     if parts["routing"] and len(parts["routing"]) != len(batches):
         raise ValueError("cannot merge rollout batches where only some carry a routing trace")
     return RolloutBatch(
