@@ -113,3 +113,19 @@ def test_nonfinite_update_is_skipped(smoke_results, stage):
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(script), str(ckpt), str(stage)]
     done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.count(": ok") == 2, done.stderr[-3000:]
+
+
+def test_only_rank_zero_opens_the_store(smoke_cfg, tmp_path):
+    """Ranks never race on creating a new sqlite store, and a bad store stops every rank with rank 0's one-line
+    error (no rank left waiting)."""
+    cfg = smoke_cfg()
+    bad = [
+        f"results_dir={tmp_path / 'bad'}",
+        "tracking.uri=http://127.0.0.1:9",
+        f"init_checkpoint={cfg.init_checkpoint}",
+    ]
+    done = _torchrun(bad + ["train.backend=deepspeed", "train.steps=1"], check=False)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and all("http://127.0.0.1:9" in e and "unreachable" in e for e in errors), errors
+    assert not (tmp_path / "bad").exists()

@@ -27,3 +27,12 @@ def gather(obj: Any, world: int) -> list[Any]:
     out: list[Any] = [None] * world
     dist.all_gather_object(out, obj)
     return out
+
+
+def broadcast(obj: Any, world: int) -> Any:
+    """Rank 0's `obj` on every rank (just `obj` in one process)."""
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
