@@ -9,6 +9,8 @@ EXTRAS ?= dev
 STAMP := $(VENV)/.install-stamp-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | md5sum | cut -c1-8)
 SCALE ?= cpu
 SEEDS ?=
+# runs trained at once by reproduce-figure-N, sharing the scale's `threads` (2 on 2 cores: ~1.7x the throughput)
+JOBS ?= $(if $(filter cpu,$(SCALE)),2,1)
 PORT ?= 5000
 export PYTHONHASHSEED := 0
 
@@ -40,9 +42,9 @@ coldstart: install
 	$(PY) -c "from gspo_study.study import ensure_coldstart; ensure_coldstart('$(SCALE)')"
 	$(PY) -m gspo_study eval --checkpoint results/$(SCALE)/checkpoints/coldstart --config experiments/$(SCALE)/coldstart.yaml
 
-# make reproduce-figure-N [SCALE=smoke|cpu|paper] [SEEDS=1,2,3] [X=compute|steps]
+# make reproduce-figure-N [SCALE=smoke|cpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
 reproduce-figure-%: install
-	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) $(SEEDS_ARG) $(OVERRIDES)
+	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) --jobs $(JOBS) $(SEEDS_ARG) $(OVERRIDES)
 	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
 
 report: install

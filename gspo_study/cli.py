@@ -68,7 +68,8 @@ def _cmd_eval(args) -> None:
 def _cmd_sweep(args) -> None:
     from gspo_study.study import parse_seeds, run_figure
 
-    run_figure(args.figure, args.scale, parse_seeds(args.seeds, args.scale), tuple(args.overrides))
+    seeds = parse_seeds(args.seeds, args.scale)
+    run_figure(args.figure, args.scale, seeds, tuple(args.overrides), jobs=args.jobs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--figure", required=True, help="figure number (experiments/figures.yaml)")
     w.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
     w.add_argument("--seeds", help="e.g. 1,2,3 (default: 3 seeds at the CPU scale)")
+    w.add_argument("--jobs", type=int, default=1, help="runs trained at once, sharing the `threads` budget")
     w.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run")
     w.set_defaults(fn=_cmd_sweep)
     return p

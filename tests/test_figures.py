@@ -283,3 +283,22 @@ def test_summary_table_from_tracked_runs(study):
     gain = seed_stats([h[max(h)] - h[0] for h in p])
     row = next(line for line in text.splitlines() if line.startswith("| gspo |"))
     assert f"{gain[0]:.4f} [{gain[1]:.4f}, {gain[2]:.4f}] (n=2)" in row.split(" | ")[3]
+
+
+def test_parallel_jobs_train_the_same_runs(study, smoke_results, tmp_path):
+    """`--jobs 2` trains a figure's runs two at a time, in their own processes, and logs exactly what one
+    process training them in turn logs (same config, seed and thread count, same numbers)."""
+    root, overrides = study
+    run_figure(3, "smoke", SEEDS, overrides)
+    mine = (f"results_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", overrides[2])
+    run_figure(3, "smoke", SEEDS, mine, jobs=2)
+    timing = ("compute/seconds", "perf/")  # wall clock differs from run to run
+    keep = lambda h: {k: v for k, v in h.items() if not k.startswith(timing)}  # noqa: E731
+    want = histories(
+        MlflowClient(f"sqlite:///{root}/mlflow.db"), figure_configs(3, "smoke", SEEDS, overrides)
+    )
+    got = histories(MlflowClient(f"sqlite:///{tmp_path}/mlflow.db"), figure_configs(3, "smoke", SEEDS, mine))
+    assert set(got) == set(want) and len(got) == 4
+    for key in want:
+        assert keep(got[key]) == keep(want[key]), key
+    assert (tmp_path / "smoke" / "runs").is_dir() and len(list((tmp_path / "smoke" / "runs").iterdir())) == 4
