@@ -27,7 +27,7 @@ from gspo_study.moe import record_routing, replay_routing
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="qwen3-moe-tiny")
-    p.add_argument("--experts-implementation", default="grouped_mm")
+    p.add_argument("--experts-implementation", default="grouped_mm_index")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=48)
     p.add_argument("--warmup", type=int, default=3)

@@ -60,7 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed RL steps / TRL generation batches first")
     p.add_argument("--repeats", type=int, default=7, help="timed repeats per case in (a) and (c)")
     p.add_argument("--preset", default="qwen3-moe-tiny", help="model preset of the random-init checkpoint")
-    p.add_argument("--experts-implementation", default="grouped_mm")
+    p.add_argument("--experts-implementation", default="grouped_mm_index",
+                   help="our experts kernel (default: the suite's, gspo_study/models/experts.py)")  # fmt: skip
+    p.add_argument("--trl-experts-implementation", default="grouped_mm",
+                   help="the experts kernel TRL's model gets (default: transformers' stock grouped_mm)")  # fmt: skip
     p.add_argument("--parts", default=DEFAULT_PARTS, help=f"comma list out of {DEFAULT_PARTS},ours-grpo")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench.json")
     p.add_argument("--workdir", type=Path, default=None, help="scratch dir (default: a fresh temp dir)")
@@ -95,10 +98,11 @@ def _init_torch(args):
     return torch
 
 
-def _load(args):
+def _load(args, trl: bool = False):
     from gspo_study.models import load_pretrained
 
-    return load_pretrained(args.checkpoint, experts_implementation=args.experts_implementation)
+    impl = args.trl_experts_implementation if trl else args.experts_implementation
+    return load_pretrained(args.checkpoint, experts_implementation=impl)
 
 
 def _prompts() -> list:
@@ -296,7 +300,7 @@ def part_trl(args, name: str) -> dict:
     from gspo_study.tasks.base import Problem
 
     level, eps_low, eps_high = TRL[name]
-    model, tok = _load(args)
+    model, tok = _load(args, trl=True)
     task = ArithTask()
     import random
 
@@ -491,6 +495,7 @@ def _child(args, part: str) -> tuple[list[str], dict]:
     ]
     cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
     cmd += ["--experts-implementation", args.experts_implementation, "--preset", args.preset]
+    cmd += ["--trl-experts-implementation", args.trl_experts_implementation]
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(args.threads),

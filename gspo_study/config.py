@@ -30,9 +30,9 @@ class ModelConfig:
     num_hidden_layers: int | None = None  # preset override: depth (for depth ablations)
     num_experts: int | None = None  # preset override: experts per MoE layer
     num_experts_per_tok: int | None = None  # preset override: active experts per token
-    experts_implementation: str = (
-        "grouped_mm"  # transformers experts kernel: grouped_mm (fastest on CPU) | eager | batched_mm
-    )
+    # experts kernel: grouped_mm_index (gspo_study.models.experts: transformers' grouped_mm, bit-identical,
+    # faster backward on CPU) | grouped_mm | eager | batched_mm (transformers' own)
+    experts_implementation: str = "grouped_mm_index"
     dtype: str = "float32"  # training dtype: float32 | bfloat16
 
 
@@ -145,7 +145,7 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "scale": ("smoke", "cpu", "paper"),
     "model.dtype": ("float32", "bfloat16"),
-    "model.experts_implementation": ("eager", "batched_mm", "grouped_mm"),
+    "model.experts_implementation": ("grouped_mm_index", "grouped_mm", "eager", "batched_mm"),
     "algo.aggregation": ("seq_mean", "token_mean"),
     "algo.routing_replay": ("none", "r2", "r3"),
     "algo.old_logprobs": ("recompute", "rollout"),

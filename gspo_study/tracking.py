@@ -29,6 +29,8 @@ NON_IDENTITY = ("tracking.", "results_dir", "threads", "eval.batch_size", "train
 # adding a knob never changes the identity of (and so never re-trains) the runs already tracked.
 LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10,
                "rollout.sharded": False}  # fmt: skip
+# Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal).
+SAME_NUMBERS = {"model.experts_implementation": {"grouped_mm_index": "grouped_mm"}}
 STEP_SENTINEL = "rollout/reward/mean"  # logged at every step; its last step is the resume point
 REPLAY_ABBREV = {"none": "nr", "r2": "r2", "r3": "r3"}
 # MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).
@@ -63,6 +65,7 @@ def run_key(cfg: Config) -> str:
     """12 hex digits of the hash of everything in the config that changes a run's numbers."""
     flat = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NON_IDENTITY)}
     flat = {k: v for k, v in flat.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
+    flat = {k: SAME_NUMBERS.get(k, {}).get(v, v) for k, v in flat.items()}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -93,3 +93,12 @@ def test_later_knobs_at_their_default_keep_run_identity():
     same = load_config(files, ["model.num_hidden_layers=8"])
     assert run_key(same) == run_key(base) and coldstart_name(same) == "coldstart"
     assert coldstart_name(load_config(files, ["model.num_hidden_layers=16"])) == "coldstart-L16"
+
+
+def test_bit_identical_kernels_share_run_identity():
+    from gspo_study.tracking import run_key
+
+    files = ["experiments/cpu/base.yaml", "experiments/runs/gspo.yaml"]
+    key = {impl: run_key(load_config(files, [f"model.experts_implementation={impl}"])) for impl in
+           ("grouped_mm_index", "grouped_mm", "eager")}  # fmt: skip
+    assert key["grouped_mm_index"] == key["grouped_mm"] == run_key(load_config(files)) != key["eager"]

@@ -80,7 +80,7 @@ def traces_equal(a: RoutingTrace, b: RoutingTrace) -> bool:
 # ---- record / replay ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
+@pytest.mark.parametrize("impl", ["eager", "grouped_mm", "grouped_mm_index"])
 def test_replay_at_unchanged_weights_is_exact(impl):
     model = smoke(experts_implementation=impl)
     ids, mask = padded_batch("left")
@@ -215,7 +215,7 @@ def generate_cached(model, ids, mask, new_tokens: int, seed: int = 0):
     return ids, mask
 
 
-@pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
+@pytest.mark.parametrize("impl", ["eager", "grouped_mm", "grouped_mm_index"])
 def test_generation_trace_matches_full_forward_routing(impl):
     model = smoke(experts_implementation=impl)
     prompt, prompt_mask = padded_batch("left", lengths=(5, 3, 7))
@@ -348,3 +348,27 @@ def test_mismatch_metrics_exact_values():
     assert all(v == v for v in stats.values())  # no NaN from the -inf padding
     empty = mismatch_metrics(train, rollout, torch.zeros_like(mask))
     assert empty == {"k3": 0.0, "f_tau_2": 0.0, "f_tau_10": 0.0}
+
+
+# ---- experts kernel ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["qwen3-moe-smoke", "qwen3-moe-tiny"])
+def test_grouped_mm_index_is_bit_identical_to_grouped_mm(preset):
+    """gspo_study's kernel changes only how rows are gathered: logits and every gradient equal transformers'
+    grouped_mm bit for bit (so runs keep their identity, `tracking.SAME_NUMBERS`), with replay too."""
+    ids, mask = padded_batch("right", lengths=(17, 9, 30, 4, 22, 30))
+    results = []
+    for impl in ("grouped_mm", "grouped_mm_index"):
+        model = build_model(preset, TOK, seed=3, experts_implementation=impl).train()
+        _, trace = record(model, ids, mask)
+        perturb_routers(model)
+        with replay_routing(model, trace):
+            logits = forward(model, ids, mask)
+        free = forward(model, ids, mask)
+        (logits.pow(2).mean() + free.logsumexp(-1).mean()).backward()
+        results.append((logits.detach(), free.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (a, b, ga), (c, d, gc) = results
+    assert torch.equal(a, c) and torch.equal(b, d)
+    assert ga.keys() == gc.keys() and all(torch.equal(ga[k], gc[k]) for k in ga)
+    assert any("experts" in k and ga[k].abs().sum() > 0 for k in ga)
