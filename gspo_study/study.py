@@ -141,10 +141,8 @@ def run_figure(
         for i, (run, cfg) in enumerate(configs, 1):
             model = coldstart_overrides(cfg)
             print(f"== figure {figure} [{i}/{len(configs)}]: {run} seed {cfg.seed} {' '.join(model)}")
-            if not cfg.init_checkpoint:
-                ensure_coldstart(
-                    scale, (*overrides, *model)
-                )  # when first needed: a partial sweep makes progress
+            if not cfg.init_checkpoint:  # when first needed: a partial sweep makes progress
+                ensure_coldstart(scale, (*overrides, *model))
             train(cfg)
         return [cfg for _, cfg in configs]
     for model in dict.fromkeys(coldstart_overrides(cfg) for _, cfg in configs if not cfg.init_checkpoint):
