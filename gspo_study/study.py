@@ -148,7 +148,9 @@ def run_figure(
     for model in dict.fromkeys(coldstart_overrides(cfg) for _, cfg in configs if not cfg.init_checkpoint):
         ensure_coldstart(scale, (*overrides, *model))
     threads = max(1, (configs[0][1].threads or os.cpu_count() or 1) // jobs)
-    labels = [f"{run} seed {cfg.seed} {' '.join(coldstart_overrides(cfg))}".strip() for run, cfg in configs]
+    spec = figure_spec(figure)  # labels in figure_configs' order: cell, run, seed
+    cells = [" ".join((*cell,)) for cell in sweep_cells(spec, scale)]
+    labels = [f"{run} seed {s} {cell}".strip() for cell in cells for run in spec["runs"] for s in seeds]
     print(f"== figure {figure}: {len(configs)} runs, {jobs} at a time, {threads} thread(s) each")
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per run: no torch state shared
     with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
@@ -158,9 +160,11 @@ def run_figure(
         }
         try:
             for n, future in enumerate(as_completed(futures), 1):
-                seconds = future.result()
-                label = labels[futures[future]]
-                print(f"== figure {figure} [{n}/{len(configs)}] {label}: done in {seconds / 60:.1f} min")
+                seconds, trained = future.result()
+                what = f"done in {seconds / 60:.1f} min" if trained else "already finished"
+                print(
+                    f"== figure {figure} [{n}/{len(configs)}] {labels[futures[future]]}: {what}", flush=True
+                )
         except BaseException:
             for future in futures:
                 future.cancel()
@@ -168,11 +172,12 @@ def run_figure(
     return [cfg for _, cfg in configs]
 
 
-def _train_quietly(cfg: Config) -> float:
-    """One run in a worker process (no progress bar: several runs share the terminal); its wall seconds."""
+def _train_quietly(cfg: Config) -> tuple[float, bool]:
+    """One run in a worker process (no progress bar: several runs share the terminal): (wall seconds, whether
+    it trained — a finished run is skipped)."""
     os.environ["TQDM_DISABLE"] = "1"
     from gspo_study.trainer import train
 
     start = time.perf_counter()
-    train(cfg)
-    return time.perf_counter() - start
+    trained = bool(train(cfg))
+    return time.perf_counter() - start, trained
