@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from gspo_study.config import Config, ConfigError, to_flat_dict
 
 # Fields that name or place a run but do not change its numbers.
@@ -138,15 +140,20 @@ def _probe_http(uri: str) -> None:
 def _connect_once(uri: str, experiment: str):
     if uri.startswith(("http://", "https://")):
         _probe_http(uri)
-    client = _client(uri)
-    return client, _experiment_id(client, experiment, uri)
+    if not uri.startswith("sqlite:///"):
+        client = _client(uri)
+        return client, _experiment_id(client, experiment, uri)
+    # Processes that open one new sqlite store at once each run MLflow's schema migrations, and concurrent
+    # migrations leave it broken for good (duplicate columns, stray alembic temp tables); a lock file beside
+    # the store lets one process create the schema while the others wait.
+    with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300):
+        client = _client(uri)
+        return client, _experiment_id(client, experiment, uri)
 
 
 def _connect(uri: str, experiment: str):
     """(client, experiment id); an unreachable store is a one-line ConfigError, found fast (no retry storm)."""
-    # Two runs (or two ranks of one run) creating one new sqlite store race on its schema; the loser retries
-    # and finds it made. Creating the schema takes seconds on a loaded machine, hence up to ~20 s of retries.
-    attempts = 10 if uri.startswith("sqlite:") else 1
+    attempts = 3 if uri.startswith("sqlite:") else 1  # a busy sqlite store may refuse a first connection
     for i in range(attempts):
         try:
             return _connect_once(uri, experiment)

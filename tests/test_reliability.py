@@ -226,6 +226,26 @@ def test_two_runs_one_store_lose_no_metrics(smoke_results, tmp_path):
             assert steps == ([0, 1, 2, 3, 4] if key.startswith("eval") else [1, 2, 3, 4]), (key, steps)
 
 
+def _open_store(uri: str) -> str:
+    from gspo_study.tracking import _connect
+
+    client, exp_id = _connect(uri, "race")
+    return exp_id
+
+
+def test_processes_creating_one_new_store_at_once_all_get_it(tmp_path):
+    """Concurrent MLflow schema migrations break a new sqlite store for good; the lock beside it serialises
+    them, so four processes opening one new store at once all get the same experiment."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
+        ids = list(pool.map(_open_store, [uri] * 4))
+    assert len(set(ids)) == 1
+    assert MlflowClient(uri).get_experiment_by_name("race").experiment_id == ids[0]
+
+
 def test_killed_sweep_resumes_to_the_same_figure(smoke_results, tmp_path):
     """`make reproduce-figure-1` killed mid-sweep (SIGKILL inside its second run) and rerun: every run
     finishes once, no step is logged twice, and the figure is drawn."""
