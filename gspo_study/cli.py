@@ -30,9 +30,11 @@ def _cmd_sft(args) -> None:
 
 
 def _cmd_train(args) -> None:
+    from gspo_study.train.dist import exit_cleanly
     from gspo_study.trainer import train
 
-    train(load_config(*_files_and_overrides(args.config)))
+    with exit_cleanly():
+        train(load_config(*_files_and_overrides(args.config)))
 
 
 def _cmd_eval(args) -> None:

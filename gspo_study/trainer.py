@@ -54,7 +54,7 @@ from gspo_study.train.checkpointing import (
     run_dir,
     save_run_checkpoint,
 )
-from gspo_study.train.dist import broadcast, gather, init_distributed
+from gspo_study.train.dist import gather, init_distributed
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.torch_backend import TorchBackend
 
@@ -368,34 +368,16 @@ def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
 
-def _find_tracked_run(
-    cfg: Config, origin: str, rank: int, world: int
-) -> tuple[Tracker | None, str | None, bool]:
-    """(rank 0's tracker or None, this config's MLflow run id or None, whether it finished), the same on every
-    rank. Only rank 0 touches the store: ranks opening a new sqlite store at once race on creating its schema."""
-    tracker, error = None, ""
-    if rank == 0:
-        try:
-            tracker = Tracker.open(cfg, create=False, origin=origin)
-        except ConfigError as exc:
-            error = str(exc)
-    mine = (error, tracker.run_id if tracker else None, bool(tracker and tracker.finished()))
-    error, run_id, finished = broadcast(mine, world)
-    if error:
-        raise ConfigError(error)
-    return tracker, run_id, finished
-
-
 def train(cfg: Config) -> dict[str, float]:
     """Run (or resume, or skip if finished) the run this config describes; returns the last metrics."""
     start = init_checkpoint(cfg)
     origin = fingerprint(start) if start.is_dir() else ""
-    rank, world = init_distributed() if cfg.train.backend == "deepspeed" else (0, 1)
-    tracker, run_id, finished = _find_tracked_run(cfg, origin, rank, world)
-    if finished:
-        print(f"run {run_id} ({run_dir(cfg).name}) already finished; skipping")
+    # Every rank finds the run (its id names the checkpoint to resume); rank 0 creates it if there is none.
+    tracker = Tracker.open(cfg, create=False, origin=origin)
+    if tracker is not None and tracker.finished():
+        print(f"run {tracker.run_id} ({run_dir(cfg).name}) already finished; skipping")
         return {}
-    ctx = setup(cfg, run_id)
+    ctx = setup(cfg, tracker.run_id if tracker is not None else None)
     ctx.tracker = tracker = (tracker or Tracker.open(cfg, origin=origin)) if ctx.rank == 0 else NullTracker()
     metrics: dict[str, float] = {}
     try:

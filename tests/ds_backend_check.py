@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from gspo_study.config import Config
 from gspo_study.models import load_pretrained
 from gspo_study.train.deepspeed_backend import DeepSpeedBackend
-from gspo_study.train.dist import init_distributed
+from gspo_study.train.dist import exit_cleanly, init_distributed
 
 
 def main(checkpoint: str, stage: int) -> None:
@@ -40,4 +40,5 @@ def main(checkpoint: str, stage: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    with exit_cleanly():
+        main(sys.argv[1], int(sys.argv[2]))

@@ -115,9 +115,8 @@ def test_nonfinite_update_is_skipped(smoke_results, stage):
     assert done.returncode == 0 and done.stdout.count(": ok") == 2, done.stderr[-3000:]
 
 
-def test_only_rank_zero_opens_the_store(smoke_cfg, tmp_path):
-    """Ranks never race on creating a new sqlite store, and a bad store stops every rank with rank 0's one-line
-    error (no rank left waiting)."""
+def test_bad_store_stops_every_rank_with_one_line(smoke_cfg, tmp_path):
+    """A bad tracking store stops every rank with the one-line error (no rank left waiting), writing nothing."""
     cfg = smoke_cfg()
     bad = [
         f"results_dir={tmp_path / 'bad'}",

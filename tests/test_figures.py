@@ -220,7 +220,7 @@ def test_smoke_never_writes_under_cpu(study):
     run_figure(1, "smoke", [1], overrides)
     figures.make_figure(1, "smoke", [1], overrides)
     assert not (root / "cpu").exists()
-    assert {p.name for p in root.iterdir()} <= {"smoke", "mlflow.db", "mlartifacts"}
+    assert {p.name for p in root.iterdir()} <= {"smoke", "mlflow.db", "mlflow.db.lock", "mlartifacts"}
     assert run_config("smoke", "gspo", 1).out_dir == Path("results/smoke")
     assert run_config("cpu", "gspo", 1).out_dir == Path("results/cpu")
 

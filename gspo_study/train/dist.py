@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -29,10 +32,16 @@ def gather(obj: Any, world: int) -> list[Any]:
     return out
 
 
-def broadcast(obj: Any, world: int) -> Any:
-    """Rank 0's `obj` on every rank (just `obj` in one process)."""
-    if world == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+@contextmanager
+def exit_cleanly() -> Iterator[None]:
+    """Wrap a command run under torchrun: when it succeeds, the ranks leave together (a barrier), destroy the
+    process group and exit at once (`os._exit(0)` after flushing output). Letting the interpreter tear down a
+    gloo group with DeepSpeed ZeRO-3 state can abort a rank ("terminate called without an active exception") on
+    a loaded CPU machine after all its work is done. A failing command raises as usual; one process: no-op."""
+    yield
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
