@@ -90,13 +90,15 @@ def figure_configs(
     figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()
 ) -> list[tuple[str, Config]]:
     """(run name, config) for every sweep cell × run × seed of a figure (cell-major, then run, then seed)."""
-    spec = figure_spec(figure)
     return [
         (run, run_config(scale, run, seed, (*cell, *overrides)))
-        for cell in sweep_cells(spec, scale)
-        for run in spec["runs"]
-        for seed in seeds
+        for cell, run, seed in _items(figure, scale, seeds)
     ]
+
+
+def _items(figure, scale: str, seeds: list[int]) -> list[tuple[tuple[str, ...], str, int]]:
+    spec = figure_spec(figure)
+    return [(cell, run, seed) for cell in sweep_cells(spec, scale) for run in spec["runs"] for seed in seeds]
 
 
 def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
@@ -135,22 +137,21 @@ def run_figure(
     if jobs < 1:
         raise ConfigError(f"bad JOBS {jobs!r}; allowed: a positive integer (runs trained at once)")
     configs = figure_configs(figure, scale, seeds, overrides)
+    labels = [
+        f"{run} seed {seed} {' '.join(cell)}".strip() for cell, run, seed in _items(figure, scale, seeds)
+    ]
     if jobs == 1:
         from gspo_study.trainer import train
 
-        for i, (run, cfg) in enumerate(configs, 1):
-            model = coldstart_overrides(cfg)
-            print(f"== figure {figure} [{i}/{len(configs)}]: {run} seed {cfg.seed} {' '.join(model)}")
+        for i, ((_, cfg), label) in enumerate(zip(configs, labels), 1):
+            print(f"== figure {figure} [{i}/{len(configs)}]: {label}")
             if not cfg.init_checkpoint:  # when first needed: a partial sweep makes progress
-                ensure_coldstart(scale, (*overrides, *model))
+                ensure_coldstart(scale, (*overrides, *coldstart_overrides(cfg)))
             train(cfg)
         return [cfg for _, cfg in configs]
     for model in dict.fromkeys(coldstart_overrides(cfg) for _, cfg in configs if not cfg.init_checkpoint):
         ensure_coldstart(scale, (*overrides, *model))
     threads = max(1, (configs[0][1].threads or os.cpu_count() or 1) // jobs)
-    spec = figure_spec(figure)  # labels in figure_configs' order: cell, run, seed
-    cells = [" ".join((*cell,)) for cell in sweep_cells(spec, scale)]
-    labels = [f"{run} seed {s} {cell}".strip() for cell in cells for run in spec["runs"] for s in seeds]
     print(f"== figure {figure}: {len(configs)} runs, {jobs} at a time, {threads} thread(s) each")
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per run: no torch state shared
     with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=1) as pool:

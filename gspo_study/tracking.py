@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,13 +141,11 @@ def _probe_http(uri: str) -> None:
 def _connect_once(uri: str, experiment: str):
     if uri.startswith(("http://", "https://")):
         _probe_http(uri)
-    if not uri.startswith("sqlite:///"):
-        client = _client(uri)
-        return client, _experiment_id(client, experiment, uri)
     # Processes that open one new sqlite store at once each run MLflow's schema migrations, and concurrent
     # migrations leave it broken for good (duplicate columns, stray alembic temp tables); a lock file beside
     # the store lets one process create the schema while the others wait.
-    with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300):
+    sqlite = uri.startswith("sqlite:///")
+    with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300) if sqlite else nullcontext():
         client = _client(uri)
         return client, _experiment_id(client, experiment, uri)
 
@@ -163,7 +162,7 @@ def _connect(uri: str, experiment: str):
                     f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__}); "
                     "set tracking.uri or MLFLOW_TRACKING_URI to a reachable store"
                 ) from None
-            time.sleep(min(0.5 * (i + 1), 3.0))
+            time.sleep(0.5 * (i + 1))
 
 
 def _retry(fn, *args, attempts: int = 8, **kwargs):

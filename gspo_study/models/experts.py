@@ -16,7 +16,6 @@ import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _grouped_linear, grouped_mm_experts_forward
 
 NAME = "grouped_mm_index"
-SAME_AS = "grouped_mm"  # the kernel whose numbers it reproduces bit for bit
 
 
 def grouped_mm_index_experts_forward(
