@@ -38,9 +38,11 @@ X ?= compute
 # extra key=value overrides for every run and analysis step, e.g. OVERRIDES='results_dir=/tmp/r'
 OVERRIDES ?=
 
+# the cold start of the scale's base model (e.g. results/cpu/checkpoints/coldstart-L16), and its held-out pass@1
+COLDSTART = $(PY) -c "from gspo_study.study import base_coldstart; print(base_coldstart('$(SCALE)'))"
 coldstart: install
-	$(PY) -c "from gspo_study.study import ensure_coldstart; ensure_coldstart('$(SCALE)')"
-	$(PY) -m gspo_study eval --checkpoint results/$(SCALE)/checkpoints/coldstart --config experiments/$(SCALE)/coldstart.yaml
+	$(COLDSTART)
+	$(PY) -m gspo_study eval --config experiments/$(SCALE)/base.yaml --checkpoint "$$($(COLDSTART))"
 
 # make reproduce-figure-N [SCALE=smoke|cpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
 reproduce-figure-%: install

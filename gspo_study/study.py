@@ -119,6 +119,11 @@ def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     return path
 
 
+def base_coldstart(scale: str) -> Path:
+    """The cold start of the scale's base model (`make coldstart`), trained first if missing."""
+    return ensure_coldstart(scale, coldstart_overrides(load_config(scale_base(scale))))
+
+
 def coldstart_overrides(cfg: Config) -> tuple[str, ...]:
     """The overrides that give the cold start a run starts from: its model's preset overrides."""
     return tuple(
