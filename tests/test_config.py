@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gspo_study.config import ConfigError, load_config, to_flat_dict
@@ -90,9 +92,10 @@ def test_later_knobs_at_their_default_keep_run_identity():
     assert all(run_key(load_config(files, [f"{k}={v}"])) == run_key(base) for k, v in LATER_KNOBS.items()
                if v is not None)  # fmt: skip
     assert run_key(load_config(files, ["train.router_lr_scale=30"])) != run_key(base)
-    same = load_config(files, ["model.num_hidden_layers=8"])
-    assert run_key(same) == run_key(base) and coldstart_name(same) == "coldstart"
-    assert coldstart_name(load_config(files, ["model.num_hidden_layers=16"])) == "coldstart-L16"
+    eight = load_config(files, ["model.num_hidden_layers=8"])  # the tiny preset's own depth
+    unset = dataclasses.replace(eight, model=dataclasses.replace(eight.model, num_hidden_layers=None))
+    assert run_key(eight) == run_key(unset) and coldstart_name(eight) == coldstart_name(unset) == "coldstart"
+    assert coldstart_name(base) == "coldstart-L16" and run_key(eight) != run_key(base)
 
 
 def test_bit_identical_kernels_share_run_identity():
