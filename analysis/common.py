@@ -306,6 +306,10 @@ def draw(study: Study, figure: int, title: str, panels: list[Panel]):
         ax.set(title=p.title, ylabel=p.ylabel, xlabel=p.xlabel or X_LABELS[study.x])
         if p.logy:
             ax.set_yscale("log")
+            # a t-band over few seeds can reach 0 or below: keep the axis on the data, the band clipped
+            means = p.rows["mean"][p.rows["mean"] > 0]
+            if len(means):
+                ax.set_ylim(bottom=float(means.min()) / 5)
         if p.logx:
             ax.set_xscale("log")
         ax.legend(fontsize=7)

@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/bench_rl.py --threads 2 --out results/bench.json
 
-On the `qwen3-moe-tiny` preset (the cold-start checkpoint when `results/cpu/checkpoints/coldstart` exists,
-else a random-init checkpoint saved to a temp dir; `--checkpoint` picks another), with the CPU study's
-batch (16 prompts x 8 responses, max 40 new tokens, temperature 1), it measures:
+On the `qwen3-moe-tiny` preset at its own depth, 8 layers (the cold-start checkpoint when
+`results/cpu/checkpoints/coldstart` exists, else a random-init checkpoint saved to a temp dir; `--checkpoint`
+picks another 8-layer one), with 16 prompts x 8 responses, max 40 new tokens, temperature 1 — the shape the
+bench has measured since it was written; the CPU study itself now runs 16 layers and 32 prompts per step — it
+measures:
 
 (a) rollout: generated tokens/s of `HFEngine.generate` vs `model.generate` (do_sample, KV cache), the two
     interleaved in each repeat; the ratio is the paired median;
@@ -44,7 +46,7 @@ from common import load_average, median, paired_overhead_pct, peak_rss_mb, print
 ROOT = Path(__file__).resolve().parents[1]
 BASE_CONFIG = ROOT / "experiments" / "cpu" / "base.yaml"
 COLDSTART = ROOT / "results" / "cpu" / "checkpoints" / "coldstart"
-PROMPTS, GROUP, MAX_NEW, MINIBATCHES, SEED = 16, 8, 40, 4, 1
+PROMPTS, GROUP, MAX_NEW, MINIBATCHES, SEED, LAYERS = 16, 8, 40, 4, 1, 8
 # (objective, routing replay) of our runs, (TRL loss label, importance_sampling_level, epsilon, epsilon_high)
 OURS = {"ours-gspo": ("gspo", "none"), "ours-grpo-r2": ("grpo", "r2"), "ours-grpo": ("grpo", "none")}
 TRL = {"trl-gspo": ("sequence", 3e-4, 4e-4), "trl-grpo": ("token", 0.2, 0.27)}
@@ -215,6 +217,7 @@ def _ours_config(args, objective: str, replay: str, name: str):
             f"algo.objective={objective}",
             f"algo.routing_replay={replay}",
             f"model.experts_implementation={args.experts_implementation}",
+            f"model.num_hidden_layers={LAYERS}",
             f"rollout.prompts_per_step={PROMPTS}",
             f"rollout.group_size={GROUP}",
             f"rollout.max_new_tokens={MAX_NEW}",
@@ -725,6 +728,7 @@ def main() -> None:
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "part"},
             "checkpoint_kind": kind,
             "batch": {
+                "layers": LAYERS,
                 "prompts": PROMPTS,
                 "group": GROUP,
                 "max_new_tokens": MAX_NEW,
