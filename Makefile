@@ -39,10 +39,8 @@ X ?= compute
 OVERRIDES ?=
 
 # the cold start of the scale's base model (e.g. results/cpu/checkpoints/coldstart-L16), and its held-out pass@1
-COLDSTART = $(PY) -c "from gspo_study.study import base_coldstart; print(base_coldstart('$(SCALE)'))"
 coldstart: install
-	$(COLDSTART)
-	$(PY) -m gspo_study eval --config experiments/$(SCALE)/base.yaml --checkpoint "$$($(COLDSTART))"
+	$(PY) -m gspo_study eval --scale $(SCALE)
 
 # make reproduce-figure-N [SCALE=smoke|cpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
 reproduce-figure-%: install

@@ -43,6 +43,11 @@ def _cmd_eval(args) -> None:
     from gspo_study.tasks import get_task
 
     overrides = list(args.overrides) + ([f"task.name={args.task}"] if args.task else [])
+    if args.scale:  # the scale's base cold start, trained first if missing (`make coldstart`)
+        from gspo_study.study import base_coldstart, scale_base
+
+        args.config = args.config or scale_base(args.scale)
+        args.checkpoint = str(base_coldstart(args.scale))
     cfg = load_config(args.config, overrides)
     seed_everything(cfg.seed, cfg.threads)
     model, tokenizer = load_policy(cfg, path=args.checkpoint)
@@ -89,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
         s.set_defaults(fn=fn)
     e = sub.add_parser("eval", help="held-out mean pass@1 of a checkpoint")
-    e.add_argument("--checkpoint", required=True, help="local checkpoint directory")
+    which = e.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", help="local checkpoint directory")
+    which.add_argument("--scale", help="the cold start of this scale's base model (trained first if missing)")
     e.add_argument("--task", help="task name (default: the config's)")
     e.add_argument("--samples", type=int, help="samples per prompt K (default: eval.samples)")
     e.add_argument("--num-prompts", type=int, help="held-out prompts (default: eval.num_prompts)")
@@ -107,17 +114,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _error(text: str) -> None:
+    """One write per line: ranks of a torchrun job share stderr, which may be unbuffered (print would write the
+    text and its newline separately, and two ranks' lines could interleave into one)."""
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
     except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(f"error: {exc}")
         return 2
     except NonFiniteError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(f"error: {exc}")
         return 3
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _error("interrupted")
         return 130
     return 0

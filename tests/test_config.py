@@ -66,6 +66,9 @@ def test_cli_error_is_one_line_exit_2(capsys):
     assert main(["train", "experiments/smoke/base.yaml", "train.lrr=1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "did you mean 'train.lr'" in err and "\n" not in err
+    assert main(["eval", "--scale", "bogus"]) == 2  # `make coldstart SCALE=bogus`
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown scale 'bogus'; allowed: cpu, paper, smoke"
 
 
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])

@@ -126,5 +126,7 @@ def test_bad_store_stops_every_rank_with_one_line(smoke_cfg, tmp_path):
     done = _torchrun(bad + ["train.backend=deepspeed", "train.steps=1"], check=False)
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and all("http://127.0.0.1:9" in e and "unreachable" in e for e in errors), errors
+    assert len(errors) == 2 and all("http://127.0.0.1:9" in e and "unreachable" in e for e in errors), (
+        done.stderr[-3000:]
+    )
     assert not (tmp_path / "bad").exists()
