@@ -19,7 +19,11 @@ measures:
 (c) routing-replay (R2) overhead: the update phase (4 optimizer steps) on one batch with and without replay,
     interleaved, paired median; also the cost of recording routing in the pi_old pass;
 (d) peak RSS (`ru_maxrss`) of each part: every part runs in its own subprocess, so its peak is its own
-    (the orchestrating parent never imports torch).
+    (the orchestrating parent never imports torch);
+(e) the compute floor: the machine's fp32 matrix-multiply rate at the model's shapes (a dense projection of one
+    update minibatch, and one expert's share of it), against the step's useful work, 2·N_active FLOPs per fed
+    token per forward-equivalent pass (rollout 1, pi_old 1, updates 3): how far each step is from what its
+    matrix multiplies alone would take, and what a 2x-TRL step would have to reach.
 
 Warm-up is excluded everywhere: the first rollout/update per case, our first RL step, and TRL's first
 generation batch (its 4 optimizer steps). Ours is timed per `rl_step` (its telemetry forward is reported
@@ -51,7 +55,9 @@ PROMPTS, GROUP, MAX_NEW, MINIBATCHES, SEED, LAYERS = 16, 8, 40, 4, 1, 8
 OURS = {"ours-gspo": ("gspo", "none"), "ours-grpo-r2": ("grpo", "r2"), "ours-grpo": ("grpo", "none")}
 TRL = {"trl-gspo": ("sequence", 3e-4, 4e-4), "trl-grpo": ("token", 0.2, 0.27)}
 PAIRS = [("ours-gspo", "trl-gspo"), ("ours-grpo-r2", "trl-grpo"), ("ours-grpo", "trl-grpo")]
-DEFAULT_PARTS = "rollout,ours-gspo,trl-gspo,ours-grpo-r2,trl-grpo,replay"
+DEFAULT_PARTS = "rollout,ours-gspo,trl-gspo,ours-grpo-r2,trl-grpo,replay,floor"
+# useful forward-equivalent passes over the fed tokens in one RL step: rollout 1, pi_old 1, updates 3 (fwd + bwd)
+PASSES = {"rollout": 1, "old_policy": 1, "update": 3}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -265,6 +271,7 @@ def part_ours(args, name: str) -> dict:
                     "seconds": seconds,
                     "phases": dict(phases),
                     "response_tokens": int(batch.response_lengths.sum()),
+                    "fed_tokens": int(batch.attention_mask[:, :-1].sum()),
                     "padded_len": int(batch.sequences.shape[1]),
                     "reward_mean": metrics["rollout/reward/mean"],
                 }
@@ -285,6 +292,7 @@ def _summarise_ours(steps: list[dict], rss: dict) -> dict:
         "median_phase_s": {p: median([s["phases"][p] for s in steps]) for p in steps[0]["phases"]},
         "median_update_s_per_optimizer_step": median([s["phases"]["update"] / MINIBATCHES for s in steps]),
         "response_tokens_mean": sum(tokens) / len(tokens),
+        "fed_tokens_mean": sum(s["fed_tokens"] for s in steps) / len(steps),
         # training throughput excludes telemetry (diagnostic forward, as `perf/tokens_per_s` does)
         "tokens_per_s": median([t / s for t, s in zip(tokens, train_s)]),
         "tokens_per_s_with_telemetry": median([t / s["seconds"] for t, s in zip(tokens, steps)]),
@@ -468,6 +476,68 @@ def part_replay(args) -> dict:
     }
 
 
+def part_floor(args) -> dict:
+    """(e) fp32 matmul rate at the model's shapes, the model's active parameters, the batch's prompt tokens."""
+    torch = _init_torch(args)
+    from gspo_study.models.presets import active_params
+    from gspo_study.rollout.hf import encode_prompts
+
+    model, tok = _load(args)
+    cfg = model.config
+    _, prompt_mask = encode_prompts(tok, [p.prompt for p in _prompts()])
+    rows = PROMPTS * GROUP // MINIBATCHES * 34  # one update minibatch's tokens (the batch is ~34 tokens wide)
+    shapes = {
+        "dense": (rows, cfg.hidden_size, cfg.hidden_size),
+        "expert": (
+            rows * cfg.num_experts_per_tok // cfg.num_experts,
+            cfg.hidden_size,
+            2 * cfg.moe_intermediate_size,
+        ),
+    }
+    out = {"active_params": active_params(cfg), "prompt_tokens": int(prompt_mask.sum()), "gemm": {}}
+    for name, (m, k, n) in shapes.items():
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        reps = max(10, int(2e9 / (2 * m * k * n)))  # ~2 GFLOP per timing
+        seconds = []
+        for rep in range(6):
+            t, _ = timed(lambda a=a, b=b, reps=reps: [torch.mm(a, b) for _ in range(reps)])
+            if rep:
+                seconds.append(t / reps)
+        out["gemm"][name] = {"shape": [m, k, n], "gflops": 2 * m * k * n / median(seconds) / 1e9}
+    return out
+
+
+def floor_summary(parts: dict) -> dict:
+    """Useful GFLOP per step and the fraction of the dense-GEMM rate each run's step (and our phases) reach."""
+    fl = parts.get("floor", {})
+    if "gemm" not in fl:
+        return {}
+    rate, n = fl["gemm"]["dense"]["gflops"], fl["active_params"]
+    out = {"gemm_gflops": rate, "runs": {}}
+    for name in [*OURS, *TRL]:
+        r = parts.get(name, {})
+        if "median_step_s" not in r:
+            continue
+        # TRL's fed tokens: the same prompts and its own completions
+        fed = r.get("fed_tokens_mean", fl["prompt_tokens"] + r["response_tokens_mean"])
+        gflop = 2 * n * fed * sum(PASSES.values()) / 1e9
+        step_s = r.get("median_train_s", r["median_step_s"])
+        run = {"gflop": gflop, "step_s": step_s, "floor_s": gflop / rate, "efficiency": gflop / rate / step_s}
+        if "median_train_s" in r:
+            run["phase_efficiency"] = {
+                p: 2 * n * fed * k / 1e9 / rate / r["median_phase_s"][p] for p, k in PASSES.items()
+            }
+        out["runs"][name] = run
+    for ours, theirs in PAIRS:
+        if ours in out["runs"] and theirs in out["runs"]:
+            target = out["runs"][theirs]["step_s"] / 2
+            out[f"{ours} at 2x {theirs}"] = {
+                "step_s": target,
+                "efficiency": out["runs"][ours]["floor_s"] / target,
+            }
+    return out
+
+
 def run_part(args) -> None:
     if args.part == "prepare":
         out = part_prepare(args)
@@ -479,6 +549,8 @@ def run_part(args) -> None:
         out = part_trl(args, args.part)
     elif args.part == "replay":
         out = part_replay(args)
+    elif args.part == "floor":
+        out = part_floor(args)
     else:
         raise SystemExit(f"unknown part {args.part!r}; allowed: prepare, {DEFAULT_PARTS},ours-grpo")
     out["peak_rss_mb"] = peak_rss_mb()
@@ -679,6 +751,26 @@ def report(res: dict) -> None:
             f"(c) routing replay on one batch ({rp['response_tokens']} response tokens, padded len "
             f"{rp['padded_len']})",
         )
+    fl = res.get("floor", {})
+    if fl.get("runs"):
+        gemm = parts["floor"]["gemm"]
+        rows = [
+            [name, r["gflop"], r["step_s"], r["floor_s"], 100 * r["efficiency"]]
+            + [100 * r.get("phase_efficiency", {}).get(p, float("nan")) for p in PASSES]
+            for name, r in fl["runs"].items()
+        ]
+        print_table(
+            ["run", "GFLOP", "step s", "at GEMM rate s", "% of rate", "rollout %", "pi_old %", "upd %"],
+            rows,
+            f"(e) compute floor: fp32 matmul {gemm['dense']['gflops']:.0f} GFLOP/s at {gemm['dense']['shape']} "
+            f"(one expert's share {gemm['expert']['shape']}: {gemm['expert']['gflops']:.0f}); useful work = "
+            f"2 N_active x fed tokens x {sum(PASSES.values())} passes",
+        )
+        for key, r in fl.items():
+            if key.endswith(tuple(TRL)) and " at 2x " in key:
+                print(
+                    f"  {key}: step <= {r['step_s']:.3f} s, i.e. {100 * r['efficiency']:.0f}% of the GEMM rate"
+                )
     print_table(
         ["part", "peak RSS MiB", "after set-up MiB"],
         [
@@ -742,6 +834,7 @@ def main() -> None:
         },
         "parts": parts,
         "ratios": ratios,
+        "floor": floor_summary(parts),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")

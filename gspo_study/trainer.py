@@ -118,12 +118,14 @@ def chunks(n: int, size: int | None) -> list[torch.Tensor]:
 @torch.no_grad()
 def policy_pass(
     ctx: Context, batch: RolloutBatch, replay: RoutingTrace | None
-) -> tuple[torch.Tensor, RoutingTrace]:
-    """Log-probs of the whole batch under the current policy (no grad) and its natural routing."""
+) -> tuple[torch.Tensor, RoutingTrace | None]:
+    """Log-probs of the whole batch under the current policy (no grad) and its natural routing (None for a
+    model without MoE layers)."""
     lps, traces = [], []
+    moe = has_moe(ctx.model)
     for rows in chunks(len(batch), ctx.cfg.train.micro_batch_size):
         if replay is None:
-            with record_routing(ctx.model) as trace:
+            with record_routing(ctx.model) if moe else nullcontext() as trace:
                 lp, _ = token_logprobs(
                     ctx.model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
                 )
@@ -135,12 +137,19 @@ def policy_pass(
             trace = handle.natural
         lps.append(lp)
         traces.append(trace)
-    return torch.cat(lps), RoutingTrace.cat(traces)
+    return torch.cat(lps), RoutingTrace.cat(traces) if moe else None
+
+
+def old_pass_trains(cfg: Config) -> bool:
+    """Whether the π_old forward is training compute: its log-probs are the objective's π_old, or its routing is
+    replayed (R2). Otherwise (rollout log-probs without R2) it only feeds telemetry: the train–inference mismatch
+    and π_old's routing for the volatility metric."""
+    return cfg.algo.old_logprobs == "recompute" or cfg.algo.routing_replay == "r2"
 
 
 def old_policy(
     ctx: Context, batch: RolloutBatch
-) -> tuple[torch.Tensor, torch.Tensor, RoutingTrace, RoutingTrace | None]:
+) -> tuple[torch.Tensor, torch.Tensor, RoutingTrace | None, RoutingTrace | None]:
     """(old_logprobs used by the objective, training-engine π_old log-probs, π_old's natural routing,
     the routing to replay during updates or None)."""
     mode = ctx.cfg.algo.routing_replay
@@ -222,12 +231,12 @@ def update(ctx: Context, batch, adv, old_lp, replay, step: int) -> dict[str, flo
 
 
 def telemetry(
-    ctx: Context, batch: RolloutBatch, natural_old: RoutingTrace, train_lp: torch.Tensor
+    ctx: Context, batch: RolloutBatch, natural_old: RoutingTrace | None, train_lp: torch.Tensor
 ) -> dict[str, float]:
     """Routing volatility (updated policy vs π_old, same rollout) and train–inference mismatch."""
     out = {}
     mask = batch.response_mask
-    if has_moe(ctx.model):
+    if natural_old is not None:
         _, natural_new = policy_pass(ctx, batch, None)
         vol = routing_volatility(natural_old, natural_new, mask)
         out.update({f"moe/routing_volatility/{k}": v for k, v in vol.items()})
@@ -249,10 +258,11 @@ def rollout_metrics(cfg: Config, rewards: torch.Tensor, batch: RolloutBatch) -> 
 
 
 def compute_metrics(ctx: Context, batch: RolloutBatch, seconds: float) -> dict[str, float]:
-    """compute/flops: 2·N_active per token for generation and π_old (when recomputed), 6·N_active per token
-    for the updates (forward + backward), counting the non-pad tokens fed. Telemetry is not counted."""
+    """compute/flops: 2·N_active per token for generation and the π_old pass (when it is training compute,
+    `old_pass_trains`), 6·N_active per token for the updates (forward + backward), counting the non-pad tokens
+    fed. Telemetry is not counted."""
     fed = batch.attention_mask[:, :-1].sum().item()
-    passes = 2 + (2 if ctx.cfg.algo.old_logprobs == "recompute" else 0) + 6
+    passes = 2 + (2 if old_pass_trains(ctx.cfg) else 0) + 6
     ctx.state.flops += passes * ctx.flops_per_token * fed
     ctx.state.seconds += seconds
     return {
@@ -267,11 +277,14 @@ def rl_step(ctx: Context, step: int) -> dict[str, float]:
     rows, batch = rollout(ctx, step)
     rewards, reward_errors = score(ctx.task, rows, batch)
     adv = group_advantages(rewards, ctx.cfg.rollout.group_size, ctx.cfg.algo.advantage_eps)
+    pass_start = time.time()
     old_lp, train_lp, natural_old, replay = old_policy(ctx, batch)
+    telemetry_s = 0.0 if old_pass_trains(ctx.cfg) else time.time() - pass_start
     metrics = rollout_metrics(ctx.cfg, rewards, batch)
     metrics["rollout/reward_errors"] = float(reward_errors)
     metrics.update(update(ctx, batch, adv, old_lp, replay, step))
-    seconds = time.time() - start  # telemetry below is diagnostics, not training compute
+    # telemetry (below, and the π_old pass when only telemetry uses it) is diagnostics, not training compute
+    seconds = time.time() - start - telemetry_s
     metrics.update(telemetry(ctx, batch, natural_old, train_lp))
     metrics.update(compute_metrics(ctx, batch, seconds))
     ctx.samples_text = [
