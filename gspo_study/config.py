@@ -30,8 +30,8 @@ class ModelConfig:
     num_hidden_layers: int | None = None  # preset override: depth (for depth ablations)
     num_experts: int | None = None  # preset override: experts per MoE layer
     num_experts_per_tok: int | None = None  # preset override: active experts per token
-    # experts kernel: grouped_mm_index (gspo_study.models.experts: transformers' grouped_mm, bit-identical,
-    # faster backward on CPU) | grouped_mm | eager | batched_mm (transformers' own)
+    # experts kernel: grouped_mm_index (gspo_study.models.experts: transformers' grouped_mm, bit-identical at
+    # 1 thread, deterministic at any thread count, faster backward on CPU) | grouped_mm | eager | batched_mm
     experts_implementation: str = "grouped_mm_index"
     dtype: str = "float32"  # training dtype: float32 | bfloat16
 

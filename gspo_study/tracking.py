@@ -32,7 +32,9 @@ NON_IDENTITY = ("tracking.", "results_dir", "threads", "eval.batch_size", "train
 # adding a knob never changes the identity of (and so never re-trains) the runs already tracked.
 LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10,
                "rollout.sharded": False}  # fmt: skip
-# Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal).
+# Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
+# grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
+# on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).
 SAME_NUMBERS = {"model.experts_implementation": {"grouped_mm_index": "grouped_mm"}}
 STEP_SENTINEL = "rollout/reward/mean"  # logged at every step; its last step is the resume point
 REPLAY_ABBREV = {"none": "nr", "r2": "r2", "r3": "r3"}

@@ -372,3 +372,23 @@ def test_grouped_mm_index_is_bit_identical_to_grouped_mm(preset):
     assert torch.equal(a, c) and torch.equal(b, d)
     assert ga.keys() == gc.keys() and all(torch.equal(ga[k], gc[k]) for k in ga)
     assert any("experts" in k and ga[k].abs().sum() > 0 for k in ga)
+
+
+def test_grouped_mm_index_backward_is_deterministic_with_threads():
+    """With 2 threads transformers' grouped_mm gives different gradients from call to call on CPU (its gather's
+    backward is an accumulating index_put_): a cold-start SFT trained with it did not reproduce itself. Ours
+    accumulates with index_add_ in a fixed order: the same gradients every time."""
+    ids = torch.randint(3, len(TOK), (64, 40), generator=torch.Generator().manual_seed(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = []
+        for _ in range(3):
+            model = build_model(
+                "qwen3-moe-tiny", TOK, seed=3, experts_implementation="grouped_mm_index"
+            ).train()
+            model(input_ids=ids).logits.logsumexp(-1).mean().backward()
+            grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(grads[0][k], g[k]) for g in grads[1:] for k in grads[0])

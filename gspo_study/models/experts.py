@@ -3,9 +3,12 @@
 transformers' `grouped_mm_experts_forward` gathers the (token, expert) rows with advanced indexing
 (`x[perm // k]`, `out[inv_perm]`), whose backward is an accumulating `index_put_` — on CPU it sorts the
 indices on every backward pass and costs about a fifth of an RL update of the tiny preset. `index_select`
-does the same gather and its backward (`index_add_`) accumulates in the same order, so this kernel gives
-bit-identical outputs and gradients (tests/test_moe.py checks both); the expert GEMMs, the gate and the
-per-token sum are transformers' own. Registered with transformers' `ExpertsInterface` on import, so a
+does the same gather and its backward (`index_add_`) accumulates in index order, so this kernel gives
+bit-identical outputs and gradients to a single-threaded `grouped_mm` (tests/test_moe.py checks both); the
+expert GEMMs, the gate and the per-token sum are transformers' own. With more than one thread `grouped_mm`'s
+backward is not even deterministic on CPU (its gradients change from call to call: a 16-layer cold-start SFT
+at 2 threads diverged from itself at step 1–7), while this kernel's are the same every time
+(tests/test_moe.py) — one more reason it is the suite's default. Registered with transformers' `ExpertsInterface` on import, so a
 model loaded with `experts_implementation="grouped_mm_index"` uses it. Expert parallelism, expert biases
 and post-expert norms (none of them in Qwen3-MoE) are left to transformers' kernel.
 """
