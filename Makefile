@@ -3,9 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU build by default (installs from local disk); GPU users: make install TORCH_SPEC='torch>=2.6'
-TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev
+# CPU build by default (installs from local disk); GPU users: make install TORCH_SPEC='torch>=2.6' EXTRAS=dev,gpu
+# once — the venv remembers what it was installed with, and later targets keep it unless given again
+TORCH_SPEC ?= $(or $(shell cat $(VENV)/.torch-spec 2>/dev/null),torch==2.13.0)
+EXTRAS ?= $(or $(shell cat $(VENV)/.extras 2>/dev/null),dev)
 STAMP := $(VENV)/.install-stamp-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | md5sum | cut -c1-8)
 SCALE ?= cpu
 SEEDS ?=
@@ -24,6 +25,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]' '$(TORCH_SPEC)'
 	@rm -f $(VENV)/.install-stamp-*
+	@echo '$(TORCH_SPEC)' > $(VENV)/.torch-spec && echo '$(EXTRAS)' > $(VENV)/.extras
 	@touch $@
 
 test: install
@@ -40,7 +42,7 @@ OVERRIDES ?=
 
 # the cold start of the scale's base model (e.g. results/cpu/checkpoints/coldstart-L16), and its held-out pass@1
 coldstart: install
-	$(PY) -m gspo_study eval --scale $(SCALE)
+	$(PY) -m gspo_study eval --scale $(SCALE) $(OVERRIDES)
 
 # make reproduce-figure-N [SCALE=smoke|cpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
 reproduce-figure-%: install

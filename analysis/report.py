@@ -182,7 +182,8 @@ def _sweep(study: Study):
     total = len(study.runs) + len(study.missing)
     vol = t[t.run == "grpo"].groupby("cell").vol.mean()
     moving = set(vol[vol >= MOVING].index)
-    head = f"{len(study.runs)} of {total} sweep runs; "
+    seeds = ", ".join(map(str, sorted({int(s) for s in t.seed.unique()})))
+    head = f"{len(study.runs)} of {total} sweep runs (seeds {seeds}); "
     if not moving:
         return head + f"no cell reaches {MOVING:.0%} volatility (max {vol.max():.3g})", "inconclusive"
     final = t[t.cell.isin(moving)].set_index(["run", "cell", "seed"]).final
@@ -265,11 +266,14 @@ def render(study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int])
     return "\n".join(lines) + "\n\n## How the numbers and verdicts are computed\n\nPer-seed measures:" + rule
 
 
-def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
+def make_report(scale: str, seeds: list[int] | None = None, overrides=()) -> Path:
+    """REPORT.md at these seeds (None: the scale's default seeds, and a sweep figure's own seeds for its row)."""
     runs = list(dict.fromkeys(r for c in CLAIMS for r in c.runs))
-    study = load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds])
     figs = {c.figure for c in CLAIMS if c.figure is not None}
-    sweeps = {f: load(figure_configs(f, scale, seeds, tuple(overrides))) for f in figs}
+    sweep_seeds = {f: seeds or parse_seeds(None, scale, f) for f in figs}
+    seeds = seeds or parse_seeds(None, scale)
+    study = load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds])
+    sweeps = {f: load(figure_configs(f, scale, sweep_seeds[f], tuple(overrides))) for f in figs}
     path = study.out_dir / "REPORT.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(study, sweeps, scale, seeds))
@@ -281,11 +285,15 @@ def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
-    p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
+    p.add_argument(
+        "--seeds", help="e.g. 1,2,3 (default: the scale's seeds; a sweep figure's own for its row)"
+    )
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
     args = p.parse_args(argv)
     try:
-        path = make_report(args.scale, parse_seeds(args.seeds, args.scale), args.overrides)
+        path = make_report(
+            args.scale, parse_seeds(args.seeds, args.scale) if args.seeds else None, args.overrides
+        )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from analysis.common import PASS1, REWARD, load, mean_ci  # noqa: E402
 from analysis.report import final_pass, gain, training_mean  # noqa: E402
 from gspo_study.config import ConfigError, load_config  # noqa: E402
 from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base  # noqa: E402
+from gspo_study.tracking import run_key  # noqa: E402
 
 AVERAGED = {"routing volatility": "moe/routing_volatility/overall", "clip fraction": "policy/clip_frac/token"}
 
@@ -35,6 +36,14 @@ def summary(scale: str, runs: list[str], seeds: list[int], layers=(), overrides=
     for run in runs:
         files = [scale_base(scale), EXPERIMENTS / "runs" / f"{run}.yaml", *map(Path, layers)]
         pairs += [(run, load_config(files, [f"seed={s}", *overrides])) for s in seeds]
+    first: dict[str, str] = {}
+    for run, cfg in pairs:  # a layer that sets what the run file sets makes two run names one run
+        other = first.setdefault(run_key(cfg), run)
+        if other != run:
+            raise ConfigError(
+                f"runs '{other}' and '{run}' are the same run once {', '.join(layers) or 'the overrides'} "
+                f"is layered on (run_key {run_key(cfg)}); allowed: runs that stay distinct"
+            )
     study = load(pairs)
     lines = [f"runs: {', '.join(runs)}; layers: {', '.join(layers) or '-'}; seeds: {seeds}", ""]
     lines += ["| run | pass@1 start | pass@1 end | gain | reward, last 10 steps | "

@@ -43,7 +43,7 @@ class TaskConfig:
     digits: int = 2  # arith: digits per number
     path: str | None = None  # math_file: local .jsonl or .parquet with {prompt, answer} records
     eval_path: str | None = None  # math_file: held-out file (default: a split of `path`)
-    num_eval: int = 200  # held-out prompts used for evaluation
+    num_eval: int = 200  # math_file without eval_path: records of `path` held out (not eval.num_prompts)
     prompt_template: str = "{prompt}"  # math_file: how a record's prompt is shown to the model
 
 
@@ -212,11 +212,31 @@ def _explain(exc: OmegaConfBaseException, where: str) -> str:
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:
         return f"{where}: unknown config key '{key}'{_closest(key)}"
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None
-    ref = getattr(exc, "ref_type", None)
-    want = getattr(ref, "__name__", None) or str(ref or "")
     if key:
-        return f"{where}: bad value {value!r} for '{key}' ({msg}){' — expected ' + want if want else ''}"
+        want = _field_kind(key)
+        return f"{where}: bad value {value!r} for '{key}' ({msg}){'; allowed: ' + want if want else ''}"
     return f"{where}: {msg}"
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _field_kind(dotted: str) -> str:
+    """What a config field accepts, in words ('an integer', 'null or a number'); '' if unknown."""
+    import typing
+
+    cls: Any = Config
+    hint: Any = None
+    for part in dotted.split("."):
+        hints = typing.get_type_hints(cls) if is_dataclass(cls) else {}
+        if part not in hints:
+            return ""
+        hint = cls = hints[part]
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    kind = _KINDS.get(base, "")
+    return f"null or {kind}" if kind and optional else kind
 
 
 def _parse_override(item: str) -> tuple[str, Any]:
@@ -372,8 +392,17 @@ def _validate_optimisation(cfg: Config) -> None:
         f"bad value {cfg.sft.check_every} for 'sft.check_every'; allowed: an integer >= 1",
     )
     _require(t.grad_clip > 0, f"bad value {t.grad_clip} for 'train.grad_clip'; allowed: a number > 0")
+    at_least = {  # key: smallest allowed value
+        "eval.samples": 1, "eval.num_prompts": 1, "eval.batch_size": 1, "eval.every": 0, "sft.batch_size": 1,
+        "sft.warmup_steps": 0, "train.warmup_steps": 0, "train.max_nonfinite_updates": 1,
+        "train.checkpoint_every": 0, "tracking.log_samples_every": 0, "algo.advantage_eps": 0.0,
+    }  # fmt: skip
+    for key, low in at_least.items():
+        v = _get(cfg, key)
+        _require(v >= low, f"bad value {v} for '{key}'; allowed: {_KINDS[type(low)]} >= {low}")
     _require(
-        cfg.eval.samples >= 1, f"bad value {cfg.eval.samples} for 'eval.samples'; allowed: an integer >= 1"
+        cfg.threads is None or cfg.threads >= 1,
+        f"bad value {cfg.threads} for 'threads'; allowed: null (torch's default) or an integer >= 1",
     )
 
 

@@ -41,9 +41,12 @@ def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
     return specs[name]
 
 
-def parse_seeds(text: str | None, scale: str) -> list[int]:
+def parse_seeds(text: str | None, scale: str, figure: str | int | None = None) -> list[int]:
+    """`--seeds` / `SEEDS` as a list; unset: the figure's own `seeds: {<scale>: [...]}` in figures.yaml if it
+    has them (figure 8's 27-cell sweep runs one seed at the CPU scale), else the scale's default seeds."""
     if not text:
-        return DEFAULT_SEEDS[scale]
+        own = (figure_spec(figure).get("seeds") or {}).get(scale) if figure is not None else None
+        return list(own) if own else DEFAULT_SEEDS[scale]
     try:
         return [int(s) for s in str(text).replace(",", " ").split()]
     except ValueError:
@@ -119,16 +122,24 @@ def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     return path
 
 
-def base_coldstart(scale: str) -> Path:
-    """The cold start of the scale's base model (`make coldstart`), trained first if missing."""
-    return ensure_coldstart(scale, coldstart_overrides(load_config(scale_base(scale))))
+def base_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
+    """The cold start of the scale's base model (`make coldstart`), trained first if missing; `overrides`
+    apply to both (e.g. `results_dir=...`, or another depth)."""
+    model = coldstart_overrides(load_config(scale_base(scale), list(overrides)))
+    return ensure_coldstart(scale, (*overrides, *model))
 
 
 def coldstart_overrides(cfg: Config) -> tuple[str, ...]:
-    """The overrides that give the cold start a run starts from: its model's preset overrides."""
-    return tuple(
-        f"model.{key}={getattr(cfg.model, key)}" for key in PRESET_OVERRIDES if getattr(cfg.model, key)
-    )
+    """The overrides that give the cold start a run starts from: its model's shape, every preset-override key
+    with its value (the preset's own when the run does not override it). Stated in full because the cold-start
+    recipe sits on the scale's base, which may override the preset itself (the CPU base is 16 layers deep on
+    the 8-layer preset): an 8-layer cell must not get the base's 16-layer cold start."""
+    if cfg.model.path is not None:
+        return ()
+    from gspo_study.models import PRESETS
+
+    preset = PRESETS[cfg.model.preset]
+    return tuple(f"model.{key}={getattr(cfg.model, key) or preset[key]}" for key in PRESET_OVERRIDES)
 
 
 def run_figure(

@@ -27,11 +27,13 @@ from filelock import FileLock
 from gspo_study.config import Config, ConfigError, to_flat_dict
 
 # Fields that name or place a run but do not change its numbers.
-NON_IDENTITY = ("tracking.", "results_dir", "threads", "eval.batch_size", "train.checkpoint_every")
-# Knobs added after runs were tracked, with their defaults: at the default they are left out of `run_key`, so
-# adding a knob never changes the identity of (and so never re-trains) the runs already tracked.
+NON_IDENTITY = ("tracking.", "results_dir", "threads", "train.checkpoint_every")
+# Knobs left out of `run_key` at these values, so that runs tracked before the knob counted keep their
+# identity (and are never re-trained): knobs added later, at their defaults, and `eval.batch_size`, at its
+# default — once thought not to change numbers, it does (evaluation draws its samples chunk by chunk from one
+# random stream), so any other value is a different run.
 LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10,
-               "rollout.sharded": False}  # fmt: skip
+               "rollout.sharded": False, "eval.batch_size": 256}  # fmt: skip
 # Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
 # grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
 # on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).

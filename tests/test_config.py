@@ -36,6 +36,16 @@ def test_base_inheritance_and_overrides(tmp_path):
         ("train.lr=abc", "train.lr"),
         ("model.preset=qwen3-huge", "allowed: qwen3-moe-tiny, qwen3-moe-smoke"),
         ("nokey", "key.sub=value"),
+        ("train.warmup_steps=-3", "'train.warmup_steps'; allowed: an integer >= 0"),
+        ("train.max_nonfinite_updates=0", "'train.max_nonfinite_updates'; allowed: an integer >= 1"),
+        ("eval.num_prompts=0", "'eval.num_prompts'; allowed: an integer >= 1"),
+        ("eval.batch_size=0", "'eval.batch_size'; allowed: an integer >= 1"),
+        ("threads=0", "'threads'; allowed: null (torch's default) or an integer >= 1"),
+        ("algo.advantage_eps=-1", "'algo.advantage_eps'; allowed: a number >= 0"),
+        ("rollout.group_size=abc", "'rollout.group_size' (Value 'abc'"),
+        ("rollout.group_size=abc", "; allowed: an integer"),
+        ("rollout.sharded=maybe", "; allowed: true or false"),
+        ("train.micro_batch_size=x", "; allowed: null or an integer"),
     ],
 )
 def test_errors_name_key_and_allowed(override, fragment):
@@ -95,6 +105,8 @@ def test_later_knobs_at_their_default_keep_run_identity():
     assert all(run_key(load_config(files, [f"{k}={v}"])) == run_key(base) for k, v in LATER_KNOBS.items()
                if v is not None)  # fmt: skip
     assert run_key(load_config(files, ["train.router_lr_scale=30"])) != run_key(base)
+    # evaluation draws its samples chunk by chunk from one stream: another eval batch size is another run
+    assert run_key(load_config(files, ["eval.batch_size=64"])) != run_key(base)
     eight = load_config(files, ["model.num_hidden_layers=8"])  # the tiny preset's own depth
     unset = dataclasses.replace(eight, model=dataclasses.replace(eight.model, num_hidden_layers=None))
     assert run_key(eight) == run_key(unset) and coldstart_name(eight) == coldstart_name(unset) == "coldstart"
@@ -108,3 +120,18 @@ def test_bit_identical_kernels_share_run_identity():
     key = {impl: run_key(load_config(files, [f"model.experts_implementation={impl}"])) for impl in
            ("grouped_mm_index", "grouped_mm", "eager")}  # fmt: skip
     assert key["grouped_mm_index"] == key["grouped_mm"] == run_key(load_config(files)) != key["eager"]
+
+
+def test_cold_start_of_a_cell_at_the_preset_depth_on_a_deeper_base():
+    """The CPU base is 16 layers on the 8-layer preset: figure 8's 8-layer cells start from the 8-layer cold
+    start (`coldstart`), and the overrides the sweep trains it with must say 8 layers, not fall back to the
+    cold-start recipe's base depth (they did: the sweep then stopped on a missing checkpoint)."""
+    from gspo_study.config import coldstart_name
+    from gspo_study.study import EXPERIMENTS, coldstart_overrides, run_config
+
+    eight = run_config("cpu", "gspo", 1, ("model.num_hidden_layers=8",))
+    sft = load_config(EXPERIMENTS / "cpu" / "coldstart.yaml", list(coldstart_overrides(eight)))
+    assert coldstart_name(sft) == coldstart_name(eight) == "coldstart"
+    deep = run_config("cpu", "gspo", 1)
+    sft = load_config(EXPERIMENTS / "cpu" / "coldstart.yaml", list(coldstart_overrides(deep)))
+    assert coldstart_name(sft) == coldstart_name(deep) == "coldstart-L16"

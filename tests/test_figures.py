@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
 
 from analysis import figures, report  # noqa: E402
+from gspo_study.config import ConfigError  # noqa: E402
 from gspo_study.study import figure_configs, figure_spec, run_config, run_figure  # noqa: E402
 from gspo_study.tracking import mlflow_key, run_key  # noqa: E402
 
@@ -283,6 +284,14 @@ def test_summary_table_from_tracked_runs(study):
     gain = seed_stats([h[max(h)] - h[0] for h in p])
     row = next(line for line in text.splitlines() if line.startswith("| gspo |"))
     assert f"{gain[0]:.4f} [{gain[1]:.4f}, {gain[2]:.4f}] (n=2)" in row.split(" | ")[3]
+
+
+def test_summary_refuses_runs_a_layer_makes_one():
+    """An ablation that sets `algo.objective` turns `grpo` into `gspo`: the table would show one run twice."""
+    from analysis import summary
+
+    with pytest.raises(ConfigError, match="'gspo' and 'grpo' are the same run"):
+        summary.summary("smoke", ["gspo", "grpo"], [1], ("experiments/ablations/gspo_clip_wide.yaml",))
 
 
 def test_parallel_jobs_train_the_same_runs(study, smoke_results, tmp_path):

@@ -102,3 +102,15 @@ def test_eval_cli_json(smoke_results, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and {"pass@1", "stderr", "n_prompts", "samples"} <= set(out) and out["samples"] == 2
     assert 0.0 <= out["pass@1"] <= 1.0
+
+
+def test_eval_scale_honours_overrides(smoke_results, capsys):
+    """`make coldstart SCALE=smoke OVERRIDES='results_dir=…'`: the cold start is looked up (and would be
+    trained) under the overridden results dir, not under ./results."""
+    import json
+
+    from gspo_study.cli import main
+
+    assert main(["eval", "--scale", "smoke", "--json", "--samples", "1", f"results_dir={smoke_results}"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["checkpoint"] == str(smoke_results / "smoke" / "checkpoints" / "coldstart")
