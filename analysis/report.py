@@ -182,8 +182,8 @@ def _sweep(study: Study):
     total = len(study.runs) + len(study.missing)
     vol = t[t.run == "grpo"].groupby("cell").vol.mean()
     moving = set(vol[vol >= MOVING].index)
-    seeds = ", ".join(map(str, sorted({int(s) for s in t.seed.unique()})))
-    head = f"{len(study.runs)} of {total} sweep runs (seeds {seeds}); "
+    seeds = sorted({int(s) for s in t.seed.unique()})
+    head = f"{len(study.runs)} of {total} sweep runs (seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}); "
     if not moving:
         return head + f"no cell reaches {MOVING:.0%} volatility (max {vol.max():.3g})", "inconclusive"
     final = t[t.cell.isin(moving)].set_index(["run", "cell", "seed"]).final

@@ -13,7 +13,9 @@ measures:
 (b) one RL step (rollout, pi_old, 4 minibatch updates) in response tokens/s: `trainer.rl_step` for gspo,
     grpo+R2 (and, with `--parts ...,ours-grpo`, plain grpo) vs TRL's `GRPOTrainer` with the equivalent
     config (sequence-level IS for GSPO, token-level for GRPO: TRL has no routing replay, so our grpo-r2 is
-    compared with TRL's plain grpo). The RL runs are separate processes run in lockstep: they take turns
+    compared with TRL's plain grpo). TRL runs twice: on transformers' stock `grouped_mm` experts kernel (what a
+    TRL user gets) and on ours (`trl-*@grouped_mm_index`: the same model code on both sides, so that ratio
+    measures the trainers alone, without our kernel's gain). The RL runs are separate processes run in lockstep: they take turns
     one unit at a time (our RL step, TRL's generation batch = 4 optimizer steps) while the others block, so
     unit k of every run sees the same machine load, and the ours/TRL ratio is the median of per-unit ratios;
 (c) routing-replay (R2) overhead: the update phase (4 optimizer steps) on one batch with and without replay,
@@ -54,8 +56,16 @@ PROMPTS, GROUP, MAX_NEW, MINIBATCHES, SEED, LAYERS = 16, 8, 40, 4, 1, 8
 # (objective, routing replay) of our runs, (TRL loss label, importance_sampling_level, epsilon, epsilon_high)
 OURS = {"ours-gspo": ("gspo", "none"), "ours-grpo-r2": ("grpo", "r2"), "ours-grpo": ("grpo", "none")}
 TRL = {"trl-gspo": ("sequence", 3e-4, 4e-4), "trl-grpo": ("token", 0.2, 0.27)}
+# `<trl part>@<kernel>`: TRL on a model loaded with another experts kernel than --trl-experts-implementation;
+# `@grouped_mm_index` gives TRL our kernel, so that pair measures the trainers alone, on the same model code
+INDEX = "@grouped_mm_index"
+TRL_PARTS = [*TRL, *(t + INDEX for t in TRL)]
 PAIRS = [("ours-gspo", "trl-gspo"), ("ours-grpo-r2", "trl-grpo"), ("ours-grpo", "trl-grpo")]
-DEFAULT_PARTS = "rollout,ours-gspo,trl-gspo,ours-grpo-r2,trl-grpo,replay,floor"
+PAIRS += [(ours, trl + INDEX) for ours, trl in PAIRS]
+DEFAULT_PARTS = (
+    "rollout,ours-gspo,trl-gspo,trl-gspo@grouped_mm_index,ours-grpo-r2,trl-grpo,trl-grpo@grouped_mm_index,"
+    "replay,floor"
+)
 # useful forward-equivalent passes over the fed tokens in one RL step: rollout 1, pi_old 1, updates 3 (fwd + bwd)
 PASSES = {"rollout": 1, "old_policy": 1, "update": 3}
 
@@ -64,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads in every part")
     p.add_argument("--checkpoint", type=Path, default=None, help="Qwen3-MoE checkpoint (default: see above)")
-    p.add_argument("--steps", type=int, default=5, help="timed RL steps / TRL generation batches per run")
+    p.add_argument("--steps", type=int, default=10, help="timed RL steps / TRL generation batches per run")
     p.add_argument("--warmup", type=int, default=1, help="untimed RL steps / TRL generation batches first")
     p.add_argument("--repeats", type=int, default=7, help="timed repeats per case in (a) and (c)")
     p.add_argument("--preset", default="qwen3-moe-tiny", help="model preset of the random-init checkpoint")
@@ -106,11 +116,10 @@ def _init_torch(args):
     return torch
 
 
-def _load(args, trl: bool = False):
+def _load(args, impl: str | None = None):
     from gspo_study.models import load_pretrained
 
-    impl = args.trl_experts_implementation if trl else args.experts_implementation
-    return load_pretrained(args.checkpoint, experts_implementation=impl)
+    return load_pretrained(args.checkpoint, experts_implementation=impl or args.experts_implementation)
 
 
 def _prompts() -> list:
@@ -307,11 +316,13 @@ def part_trl(args, name: str) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
 
+    from gspo_study.config import load_config
     from gspo_study.tasks.arith import ArithTask
     from gspo_study.tasks.base import Problem
 
-    level, eps_low, eps_high = TRL[name]
-    model, tok = _load(args, trl=True)
+    base, _, kernel = name.partition("@")
+    level, eps_low, eps_high = TRL[base]
+    model, tok = _load(args, kernel or args.trl_experts_implementation)
     task = ArithTask()
     import random
 
@@ -375,8 +386,8 @@ def part_trl(args, name: str) -> dict:
         loss_type="grpo",
         scale_rewards="group",
         router_aux_loss_coef=0.0,  # our trainer adds no load-balancing loss
-        # optimizer as ours: AdamW, constant lr 2e-5, no weight decay, clip 1.0
-        learning_rate=2e-5,
+        # optimizer as ours: AdamW, our constant lr, no weight decay, clip 1.0
+        learning_rate=load_config(BASE_CONFIG).train.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
@@ -509,13 +520,14 @@ def part_floor(args) -> dict:
 
 def floor_summary(parts: dict) -> dict:
     """Useful GFLOP per step and the fraction of the dense-GEMM rate each run's step (and our phases) reach;
-    `at_2x[ours]`: the step time that would be 2x the paired TRL run's throughput, and the fraction it needs."""
+    `at_2x["<ours> / <trl>"]`: the step time that would be 2x that TRL run's throughput, and the fraction of the
+    rate it needs."""
     fl = parts.get("floor", {})
     if "gemm" not in fl:
         return {}
     rate = fl["gemm"]["dense"]["gflops"]
     out = {"gemm_gflops": rate, "runs": {}, "at_2x": {}}
-    for name in [*OURS, *TRL]:
+    for name in [*OURS, *TRL_PARTS]:
         r = parts.get(name, {})
         if "median_step_s" not in r:
             continue
@@ -533,7 +545,7 @@ def floor_summary(parts: dict) -> dict:
     for ours, theirs in PAIRS:
         if ours in out["runs"] and theirs in out["runs"]:
             target = out["runs"][theirs]["step_s"] / 2
-            out["at_2x"][ours] = {
+            out["at_2x"][f"{ours} / {theirs}"] = {
                 "vs": theirs,
                 "step_s": target,
                 "efficiency": out["runs"][ours]["floor_s"] / target,
@@ -548,7 +560,7 @@ def run_part(args) -> None:
         out = part_rollout(args)
     elif args.part in OURS:
         out = part_ours(args, args.part)
-    elif args.part in TRL:
+    elif args.part in TRL_PARTS:
         out = part_trl(args, args.part)
     elif args.part == "replay":
         out = part_replay(args)
@@ -701,7 +713,7 @@ def report(res: dict) -> None:
             f"{ro['ratio_tokens_per_s_ours_over_hf']:.2f}x",
         )
     rows = []
-    for name in [*OURS, *TRL]:
+    for name in [*OURS, *TRL_PARTS]:
         r = parts.get(name)
         if not r or "error" in r:
             continue
@@ -769,7 +781,8 @@ def report(res: dict) -> None:
             f"(one expert's share {gemm['expert']['shape']}: {gemm['expert']['gflops']:.0f}); useful work = "
             f"2 N_active x fed tokens x {sum(PASSES.values())} passes",
         )
-        for ours, r in fl["at_2x"].items():
+        for pair, r in fl["at_2x"].items():
+            ours = pair.split(" / ")[0]
             print(
                 f"  {ours} at 2x {r['vs']}: step <= {r['step_s']:.3f} s, i.e. {100 * r['efficiency']:.0f}% "
                 "of the GEMM rate"
@@ -801,7 +814,7 @@ def main() -> None:
     else:
         kind = str(args.checkpoint)
     wanted = [p.strip() for p in args.parts.split(",") if p.strip()]
-    rl = [p for p in wanted if p in OURS or p in TRL]
+    rl = [p for p in wanted if p in OURS or p in TRL_PARTS]
     for part in wanted:
         if part in rl and rl:
             parts.update(lockstep(args, rl))
