@@ -281,7 +281,7 @@ def _draw_points(ax, rows: pd.DataFrame, colors) -> None:
 def _draw_references(ax, rows: pd.DataFrame, colors) -> None:
     for r in rows.itertuples():
         ax.axhline(r.mean, color=colors.get(r.run, "grey"), linestyle="--", linewidth=1,
-                   label=f"{r.series} ≈ {r.mean:g}")  # fmt: skip
+                   label=f"{r.series} ≈ {r.mean:.3g}")  # fmt: skip
 
 
 DRAW = {"bar": _draw_bars, "curve": _draw_curves, "point": _draw_points, "reference": _draw_references}

@@ -198,14 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--figure", type=int, required=True, help="figure number (experiments/figures.yaml)")
     p.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
-    p.add_argument(
-        "--seeds", help="e.g. 1,2,3 (default: the figure's seeds in figures.yaml, else the scale's)"
-    )
+    p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
     p.add_argument("--x", choices=("compute", "steps"), default="compute", help="x axis of curves")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
     args = p.parse_args(argv)
     try:
-        seeds = parse_seeds(args.seeds, args.scale, args.figure)
+        seeds = parse_seeds(args.seeds, args.scale)
         paths = make_figure(args.figure, args.scale, seeds, args.overrides, args.x)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -266,14 +266,11 @@ def render(study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int])
     return "\n".join(lines) + "\n\n## How the numbers and verdicts are computed\n\nPer-seed measures:" + rule
 
 
-def make_report(scale: str, seeds: list[int] | None = None, overrides=()) -> Path:
-    """REPORT.md at these seeds (None: the scale's default seeds, and a sweep figure's own seeds for its row)."""
+def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
     runs = list(dict.fromkeys(r for c in CLAIMS for r in c.runs))
-    figs = {c.figure for c in CLAIMS if c.figure is not None}
-    sweep_seeds = {f: seeds or parse_seeds(None, scale, f) for f in figs}
-    seeds = seeds or parse_seeds(None, scale)
     study = load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds])
-    sweeps = {f: load(figure_configs(f, scale, sweep_seeds[f], tuple(overrides))) for f in figs}
+    figs = {c.figure for c in CLAIMS if c.figure is not None}
+    sweeps = {f: load(figure_configs(f, scale, seeds, tuple(overrides))) for f in figs}
     path = study.out_dir / "REPORT.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(study, sweeps, scale, seeds))
@@ -285,15 +282,11 @@ def make_report(scale: str, seeds: list[int] | None = None, overrides=()) -> Pat
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
-    p.add_argument(
-        "--seeds", help="e.g. 1,2,3 (default: the scale's seeds; a sweep figure's own for its row)"
-    )
+    p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
     args = p.parse_args(argv)
     try:
-        path = make_report(
-            args.scale, parse_seeds(args.seeds, args.scale) if args.seeds else None, args.overrides
-        )
+        path = make_report(args.scale, parse_seeds(args.seeds, args.scale), args.overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

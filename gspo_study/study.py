@@ -41,12 +41,9 @@ def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
     return specs[name]
 
 
-def parse_seeds(text: str | None, scale: str, figure: str | int | None = None) -> list[int]:
-    """`--seeds` / `SEEDS` as a list; unset: the figure's own `seeds: {<scale>: [...]}` in figures.yaml if it
-    has them (figure 8's 27-cell sweep runs one seed at the CPU scale), else the scale's default seeds."""
+def parse_seeds(text: str | None, scale: str) -> list[int]:
     if not text:
-        own = (figure_spec(figure).get("seeds") or {}).get(scale) if figure is not None else None
-        return list(own) if own else DEFAULT_SEEDS[scale]
+        return DEFAULT_SEEDS[scale]
     try:
         return [int(s) for s in str(text).replace(",", " ").split()]
     except ValueError:
