@@ -76,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint", type=Path, default=None, help="Qwen3-MoE checkpoint (default: see above)")
     p.add_argument("--steps", type=int, default=10, help="timed RL steps / TRL generation batches per run")
     p.add_argument("--warmup", type=int, default=1, help="untimed RL steps / TRL generation batches first")
-    p.add_argument("--repeats", type=int, default=7, help="timed repeats per case in (a) and (c)")
+    p.add_argument("--repeats", type=int, default=21, help="timed repeats per case in (a) and (c)")
     p.add_argument("--preset", default="qwen3-moe-tiny", help="model preset of the random-init checkpoint")
     p.add_argument("--experts-implementation", default="grouped_mm_index",
                    help="our experts kernel (default: the suite's, gspo_study/models/experts.py)")  # fmt: skip
