@@ -38,11 +38,11 @@ def summary(scale: str, runs: list[str], seeds: list[int], layers=(), overrides=
         pairs += [(run, load_config(files, [f"seed={s}", *overrides])) for s in seeds]
     first: dict[str, str] = {}
     for run, cfg in pairs:  # a layer that sets what the run file sets makes two run names one run
-        other = first.setdefault(run_key(cfg), run)
-        if other != run:
+        key = run_key(cfg)
+        if first.setdefault(key, run) != run:
             raise ConfigError(
-                f"runs '{other}' and '{run}' are the same run once {', '.join(layers) or 'the overrides'} "
-                f"is layered on (run_key {run_key(cfg)}); allowed: runs that stay distinct"
+                f"runs '{first[key]}' and '{run}' are the same run once {', '.join(layers) or 'the overrides'} "
+                f"is layered on (run_key {key}); allowed: runs that stay distinct"
             )
     study = load(pairs)
     lines = [f"runs: {', '.join(runs)}; layers: {', '.join(layers) or '-'}; seeds: {seeds}", ""]

@@ -15,9 +15,10 @@ measures:
     config (sequence-level IS for GSPO, token-level for GRPO: TRL has no routing replay, so our grpo-r2 is
     compared with TRL's plain grpo). TRL runs twice: on transformers' stock `grouped_mm` experts kernel (what a
     TRL user gets) and on ours (`trl-*@grouped_mm_index`: the same model code on both sides, so that ratio
-    measures the trainers alone, without our kernel's gain). The RL runs are separate processes run in lockstep: they take turns
-    one unit at a time (our RL step, TRL's generation batch = 4 optimizer steps) while the others block, so
-    unit k of every run sees the same machine load, and the ours/TRL ratio is the median of per-unit ratios;
+    measures the trainers alone, without our kernel's gain). The RL runs are separate processes run in
+    lockstep: they take turns one unit at a time (our RL step, TRL's generation batch = 4 optimizer steps)
+    while the others block, so unit k of every run sees the same machine load, and the ours/TRL ratio is the
+    median of per-unit ratios;
 (c) routing-replay (R2) overhead: the update phase (4 optimizer steps) on one batch with and without replay,
     interleaved, paired median; also the cost of recording routing in the pi_old pass;
 (d) peak RSS (`ru_maxrss`) of each part: every part runs in its own subprocess, so its peak is its own
@@ -63,8 +64,7 @@ TRL_PARTS = [*TRL, *(t + INDEX for t in TRL)]
 PAIRS = [("ours-gspo", "trl-gspo"), ("ours-grpo-r2", "trl-grpo"), ("ours-grpo", "trl-grpo")]
 PAIRS += [(ours, trl + INDEX) for ours, trl in PAIRS]
 DEFAULT_PARTS = (
-    "rollout,ours-gspo,trl-gspo,trl-gspo@grouped_mm_index,ours-grpo-r2,trl-grpo,trl-grpo@grouped_mm_index,"
-    "replay,floor"
+    f"rollout,ours-gspo,trl-gspo,trl-gspo{INDEX},ours-grpo-r2,trl-grpo,trl-grpo{INDEX},replay,floor"
 )
 # useful forward-equivalent passes over the fed tokens in one RL step: rollout 1, pi_old 1, updates 3 (fwd + bwd)
 PASSES = {"rollout": 1, "old_policy": 1, "update": 3}
@@ -782,10 +782,8 @@ def report(res: dict) -> None:
             f"2 N_active x fed tokens x {sum(PASSES.values())} passes",
         )
         for pair, r in fl["at_2x"].items():
-            ours = pair.split(" / ")[0]
             print(
-                f"  {ours} at 2x {r['vs']}: step <= {r['step_s']:.3f} s, i.e. {100 * r['efficiency']:.0f}% "
-                "of the GEMM rate"
+                f"  2x for {pair}: step <= {r['step_s']:.3f} s, i.e. {100 * r['efficiency']:.0f}% of the GEMM rate"
             )
     print_table(
         ["part", "peak RSS MiB", "after set-up MiB"],

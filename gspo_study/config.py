@@ -12,7 +12,7 @@ import difflib
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -223,16 +223,14 @@ _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 
 def _field_kind(dotted: str) -> str:
     """What a config field accepts, in words ('an integer', 'null or a number'); '' if unknown."""
-    import typing
-
     cls: Any = Config
     hint: Any = None
     for part in dotted.split("."):
-        hints = typing.get_type_hints(cls) if is_dataclass(cls) else {}
+        hints = get_type_hints(cls) if is_dataclass(cls) else {}
         if part not in hints:
             return ""
         hint = cls = hints[part]
-    args = typing.get_args(hint)
+    args = get_args(hint)
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), hint) if args else hint
     kind = _KINDS.get(base, "")

@@ -9,8 +9,9 @@ expert GEMMs, the gate and the per-token sum are transformers' own. With more th
 backward is not even deterministic on CPU (its gradients change from call to call: a 16-layer cold-start SFT
 at 2 threads diverged from itself at step 1–7), while this kernel's are the same every time
 (tests/test_moe.py) — one more reason it is the suite's default. Registered with transformers'
-`ExpertsInterface` on import, so a model loaded with `experts_implementation="grouped_mm_index"` uses it. Expert parallelism, expert biases
-and post-expert norms (none of them in Qwen3-MoE) are left to transformers' kernel.
+`ExpertsInterface` on import, so a model loaded with `experts_implementation="grouped_mm_index"` uses it.
+Expert parallelism, expert biases and post-expert norms (none of them in Qwen3-MoE) are left to transformers'
+kernel.
 """
 
 from __future__ import annotations

@@ -21,10 +21,9 @@ def token_logprobs(
     """log π(sequences[:, t+1] | ≤ t) for every t: `[B, L-1]` float32, and the entropy `[B, L-1]` if asked."""
     inputs, mask = sequences[:, :-1], attention_mask[:, :-1]
     pos = position_ids_from_mask(mask)
-    logits = model(
-        input_ids=inputs, attention_mask=mask, position_ids=pos, use_cache=False
-    ).logits  # no KV cache
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    # no KV cache: nothing decodes after this forward
+    out = model(input_ids=inputs, attention_mask=mask, position_ids=pos, use_cache=False)
+    logp_all = torch.log_softmax(out.logits.float() / temperature, dim=-1)
     logprobs = logp_all.gather(-1, sequences[:, 1:, None]).squeeze(-1)
     entropy = None
     if with_entropy:
