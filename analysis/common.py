@@ -310,12 +310,19 @@ def draw(study: Study, figure: int, title: str, panels: list[Panel]):
             means = p.rows["mean"][p.rows["mean"] > 0]
             if len(means):
                 ax.set_ylim(bottom=float(means.min()) / 5)
+            zero = p.rows[(p.rows["kind"] != "reference") & (p.rows["mean"] <= 0)]
+            if len(zero):  # a log axis cannot draw them: say so rather than leave a gap
+                where = sorted({f"{r.series} at {r.x_name} {r.x:g}" for r in zero.itertuples()})
+                ax.text(0.02, 0.02, "not drawn, value 0: " + "; ".join(where), transform=ax.transAxes,
+                        fontsize=6, va="bottom", wrap=True)  # fmt: skip
         if p.logx:
             ax.set_xscale("log")
         ax.legend(fontsize=7)
     seeds = sorted({r.seed for r in study.runs})
-    fig.suptitle(f"Figure {figure}: {title}\nscale {study.runs[0].cfg.scale}, seeds {seeds}; "
-                 f"mean over seeds, band/bars: {CONFIDENCE:.0%} t-interval")  # fmt: skip
+    per_seed = any(((p.rows["kind"] == "point") & (p.rows["n_seeds"] == 1)).any() for p in panels)
+    how = f"mean over seeds, band/bars: {CONFIDENCE:.0%} t-interval"
+    how += "; points without bars: one seed at one step" if per_seed else ""
+    fig.suptitle(f"Figure {figure}: {title}\nscale {study.runs[0].cfg.scale}, seeds {seeds}; {how}")
     fig.tight_layout()
     rows = pd.concat([p.rows for p in panels], ignore_index=True)
     rows["figure"] = figure

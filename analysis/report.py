@@ -12,7 +12,8 @@ are missing or unfinished says "not run". Per-seed measures:
 Differences are paired by seed (every run of a seed starts from the same cold start and sees the same
 prompts and sampling streams): Δ_s = A_s − B_s, reported as mean and 95% Student-t interval over seeds.
 
-Verdict rule (`verdict`), for a claim that A − B has the paper's sign:
+Verdict rule (`verdict`), for a claim that A − B has the paper's sign (where the paper also gives a factor,
+e.g. "about 100× more", only the sign is judged; the factor is shown, not tested):
 - "reproduces" if the interval of Δ excludes 0 on the paper's side, "not reproduced" if it excludes 0 on
   the other side, "inconclusive" otherwise (including fewer than 2 seeds);
 - "no harm" claims (§5.4: A is not worse than B): "not reproduced" if the interval lies below 0,
@@ -248,7 +249,8 @@ def rows(study: Study, sweeps: dict[int, Study]) -> list[tuple[str, str, str, st
 
 
 def render(study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int]) -> str:
-    commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in study.runs}) or ["(no runs)"]
+    runs = [*study.runs, *(r for sweep in sweeps.values() for r in sweep.runs)]
+    commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs}) or ["(no runs)"]
     lines = [
         f"# Reproduction report: scale `{scale}`",
         "",
