@@ -48,15 +48,19 @@ def _cmd_eval(args) -> None:
 
         args.config = args.config or scale_base(args.scale)
         args.checkpoint = str(base_coldstart(args.scale, tuple(overrides)))
-    cfg = load_config(args.config, overrides)
+    # --samples / --num-prompts as config overrides, validated like the config's own values
+    asked = {"samples": args.samples, "num_prompts": args.num_prompts}
+    cfg = load_config(
+        args.config, [*overrides, *(f"eval.{k}={v}" for k, v in asked.items() if v is not None)]
+    )
     seed_everything(cfg.seed, cfg.threads)
     model, tokenizer = load_policy(cfg, path=args.checkpoint)
     result = evaluate(
         model,
         tokenizer,
         get_task(cfg.task),
-        num_prompts=args.num_prompts or cfg.eval.num_prompts,
-        samples=args.samples or cfg.eval.samples,
+        num_prompts=cfg.eval.num_prompts,
+        samples=cfg.eval.samples,
         max_new_tokens=cfg.rollout.max_new_tokens,
         seed=cfg.seed,
         batch_size=cfg.eval.batch_size,

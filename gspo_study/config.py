@@ -362,6 +362,11 @@ def validate(cfg: Config) -> None:
             t.micro_batch_size >= 1,
             f"bad value {t.micro_batch_size} for 'train.micro_batch_size'; allowed: an integer >= 1",
         )
+    results = Path(cfg.results_dir)
+    _require(
+        not results.exists() or results.is_dir(),
+        f"bad value {cfg.results_dir!r} for 'results_dir'; allowed: a directory (or a path to create one at)",
+    )
     _validate_optimisation(cfg)
 
 

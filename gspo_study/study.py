@@ -43,6 +43,8 @@ def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
 
 def parse_seeds(text: str | None, scale: str) -> list[int]:
     if not text:
+        if scale not in DEFAULT_SEEDS:
+            raise ConfigError(f"unknown scale {scale!r}; allowed: {', '.join(DEFAULT_SEEDS)}")
         return DEFAULT_SEEDS[scale]
     try:
         return [int(s) for s in str(text).replace(",", " ").split()]

@@ -38,7 +38,8 @@ LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.chec
 # grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
 # on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).
 SAME_NUMBERS = {"model.experts_implementation": {"grouped_mm_index": "grouped_mm"}}
-STEP_SENTINEL = "rollout/reward/mean"  # logged at every step; its last step is the resume point
+# every logged step has one of these (step 0 only the evaluation): their last step is the resume point
+STEP_SENTINELS = ("rollout/reward/mean", "eval/pass@1")
 REPLAY_ABBREV = {"none": "nr", "r2": "r2", "r3": "r3"}
 # MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).
 _MLFLOW_ESCAPES = (("@", "_at_"),)
@@ -207,8 +208,11 @@ class Tracker:
                     f"(fingerprint {was}, now {origin}): the cold start changed since; delete that run "
                     f"(`mlflow runs delete --run-id {run.info.run_id}`) or restore the checkpoint"
                 )
-            history = client.get_metric_history(run.info.run_id, STEP_SENTINEL)
-            upto = max((m.step for m in history), default=-1)
+            histories = [client.get_metric_history(run.info.run_id, mlflow_key(k)) for k in STEP_SENTINELS]
+            upto = max((m.step for history in histories for m in history), default=-1)
+            # a run killed between its creation and its parameters gets them now (only the missing ones:
+            # MLflow refuses to change a logged value, and non-identity knobs such as threads may differ)
+            cls._log_params(client, run.info.run_id, cfg, skip=run.data.params.keys())
             if run.info.status not in ("RUNNING", "FINISHED"):
                 client.update_run(run.info.run_id, status="RUNNING")
             return cls(client, run.info.run_id, exp_id, upto)
@@ -233,10 +237,10 @@ class Tracker:
         }
 
     @staticmethod
-    def _log_params(client, run_id: str, cfg: Config) -> None:
+    def _log_params(client, run_id: str, cfg: Config, skip=frozenset()) -> None:
         from mlflow.entities import Param
 
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(to_flat_dict(cfg).items())]
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(to_flat_dict(cfg).items()) if k not in skip]
         for i in range(0, len(params), 100):
             _retry(client.log_batch, run_id, params=params[i : i + 100])
 

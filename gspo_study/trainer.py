@@ -52,6 +52,7 @@ from gspo_study.train.checkpointing import (
     init_checkpoint,
     load_run_checkpoint,
     run_dir,
+    run_lock,
     save_run_checkpoint,
 )
 from gspo_study.train.dist import gather, init_distributed
@@ -317,6 +318,7 @@ def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task)
+    task.eval_problems(cfg.eval.num_prompts)  # a task with fewer held-out problems fails here, not at step 0
     model, tokenizer, state, optim_state = load_run_checkpoint(cfg, mlflow_run_id)
     if cfg.algo.routing_replay != "none" and not has_moe(model):
         raise ConfigError(
@@ -382,7 +384,13 @@ def _due(step: int, every: int, last: int) -> bool:
 
 
 def train(cfg: Config) -> dict[str, float]:
-    """Run (or resume, or skip if finished) the run this config describes; returns the last metrics."""
+    """Run (or resume, or skip if finished) the run this config describes; returns the last metrics. One
+    process at a time per run (`run_lock`)."""
+    with run_lock(cfg):
+        return _train(cfg)
+
+
+def _train(cfg: Config) -> dict[str, float]:
     start = init_checkpoint(cfg)
     origin = fingerprint(start) if start.is_dir() else ""
     # Every rank finds the run (its id names the checkpoint to resume); rank 0 creates it if there is none.
@@ -396,6 +404,7 @@ def train(cfg: Config) -> dict[str, float]:
     try:
         if ctx.state.step == 0:
             tracker.log_step(0, eval_metrics(ctx))
+            _fault_injection(0)
         bar = tqdm(
             range(ctx.state.step + 1, cfg.train.steps + 1),
             desc=run_dir(cfg).name,

@@ -3,6 +3,7 @@ one-line errors that write nothing, failing reward functions, concurrent writers
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import torch
 from mlflow import MlflowClient
 
 from gspo_study.cli import main
+from gspo_study.config import _get
 from gspo_study.errors import NonFiniteError
 from gspo_study.models import build_char_tokenizer, build_model, save_pretrained
 from gspo_study.tasks import TASKS
@@ -171,15 +173,24 @@ def _no_moe_checkpoint(path: Path) -> Path:
         (["init_checkpoint=NOT_QWEN"], "Qwen3-MoE checkpoint"),
         (["train.router_lr_scale=0"], "'train.router_lr_scale'; allowed: a number > 0"),
         (["sft.target_pass1=1.5"], "'sft.target_pass1'; allowed: null or a number in [0, 1]"),
+        (["eval.num_prompts=100"], "held-out problems; lower eval.num_prompts"),
+        (["results_dir=A_FILE"], "for 'results_dir'; allowed: a directory"),
+        (["init_checkpoint=TRUNCATED"], "cannot be loaded (SafetensorError"),
     ],
 )
 def test_bad_input_one_line_nothing_written(smoke_results, tmp_path, capsys, extra, fragment):
+    init = smoke_results / "smoke/checkpoints/coldstart"
     no_moe = _no_moe_checkpoint(tmp_path / "dense") if "init_checkpoint=NO_MOE" in extra else None
     not_qwen = tmp_path / "llama"
     not_qwen.mkdir()
     (not_qwen / "config.json").write_text('{"model_type": "llama"}')
-    extra = [e.replace("NO_MOE", str(no_moe)).replace("NOT_QWEN", str(not_qwen)) for e in extra]
-    init = smoke_results / "smoke/checkpoints/coldstart"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory\n")
+    truncated = shutil.copytree(init, tmp_path / "truncated")
+    weights = next(truncated.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    subs = {"NO_MOE": no_moe, "NOT_QWEN": not_qwen, "A_FILE": a_file, "TRUNCATED": truncated}
+    extra = [e.split("=")[0] + "=" + str(subs.get(e.split("=")[1], e.split("=")[1])) for e in extra]
     rc = main(["train", SMOKE, *_overrides(tmp_path / "res", init, *extra)])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error:") and fragment in err and "\n" not in err, err
@@ -224,6 +235,89 @@ def test_two_runs_one_store_lose_no_metrics(smoke_results, tmp_path):
         for key in ("rollout/reward/mean", "policy/loss", "eval/pass_at_1"):
             steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
             assert steps == ([0, 1, 2, 3, 4] if key.startswith("eval") else [1, 2, 3, 4]), (key, steps)
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["eval", "--checkpoint", "INIT", "--samples", "0"], "for 'eval.samples'; allowed: an integer >= 1"),
+        (["eval", "--checkpoint", "INIT", "--num-prompts", "-1"], "for 'eval.num_prompts'"),
+        (["sweep", "--figure", "1", "--scale", "tiny"], "unknown scale 'tiny'; allowed: smoke, cpu, paper"),
+    ],
+)
+def test_bad_cli_arguments_one_line(smoke_results, capsys, argv, fragment):
+    init = str(smoke_results / "smoke/checkpoints/coldstart")
+    rc = main([init if a == "INIT" else a for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error:") and fragment in err and "\n" not in err, err
+
+
+def test_second_process_on_a_run_is_refused(smoke_cfg, smoke_results, tmp_path, capsys):
+    """While one process trains a run (holds its lock), another on the same run stops with a one-line error
+    and logs nothing; a different run (another seed) is not held up."""
+    from gspo_study.train.checkpointing import run_lock
+
+    cfg = smoke_cfg("train.steps=1")
+    over = [f"{k}={_get(cfg, k)}" for k in ("results_dir", "tracking.uri", "init_checkpoint", "train.steps")]
+    with run_lock(cfg):
+        rc = main(["train", SMOKE, *over])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and "is being trained by another process" in err and "\n" not in err, err
+        client = MlflowClient(cfg.tracking.uri)
+        assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
+        assert main(["train", SMOKE, *over, "seed=2"]) == 0
+    train(cfg)  # released: the run trains
+    assert sorted(history(cfg)["rollout/reward/mean"]) == [1]
+
+
+def test_killed_right_after_step_0_logs_no_step_twice(smoke_cfg, smoke_results, tmp_path):
+    args = ["train.steps=2", "eval.every=1"]
+    ref = smoke_cfg(*args, "tracking.experiment=ref")
+    train(ref)
+    over = _overrides(tmp_path, smoke_results / "smoke/checkpoints/coldstart", *args)
+    assert _spawn(over, env={"GSPO_STUDY_KILL_AT_STEP": "0"}).wait(timeout=300) == -signal.SIGKILL
+    again = _spawn(over)
+    assert again.wait(timeout=300) == 0, again.stderr.read()[-2000:]
+    from gspo_study.config import load_config
+
+    cfg = load_config(SMOKE, over)
+    client = MlflowClient(cfg.tracking.uri)
+    run = client.search_runs([client.get_experiment_by_name("study-smoke").experiment_id])[0]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "eval/pass_at_1")]
+    assert sorted(steps) == [0, 1, 2]
+    _same_metrics(ref, cfg)
+
+
+def test_run_killed_before_its_params_gets_them_on_resume(smoke_cfg):
+    """A process killed between creating its MLflow run and logging the run's parameters: the resumed run
+    logs them (only the missing ones)."""
+    from gspo_study.tracking import Tracker, _connect, run_key, run_name
+
+    cfg = smoke_cfg("train.steps=1")
+    client, exp_id = _connect(cfg.tracking.uri, cfg.tracking.experiment)
+    run = client.create_run(exp_id, run_name=run_name(cfg), tags=Tracker._tags(cfg, run_key(cfg)))
+    client.log_param(run.info.run_id, "seed", str(cfg.seed))
+    train(cfg)
+    params = client.get_run(run.info.run_id).data.params
+    assert params["train.steps"] == "1" and params["algo.objective"] == cfg.algo.objective
+    assert len(params) > 50
+
+
+def test_save_killed_between_its_renames_is_finished_on_resume(smoke_cfg):
+    """`save_pretrained` renames the old checkpoint away, then the new one into place: killed in between,
+    the resumed run takes the new one (not a restart from step 0) and clears the leftovers."""
+    from gspo_study.train.checkpointing import load_run_checkpoint
+
+    cfg = smoke_cfg("train.steps=2", "train.checkpoint_every=1")
+    train(cfg)
+    ckpt = run_dir(cfg) / "checkpoint"
+    run_id = json.loads((ckpt / "trainer_state.json").read_text())["mlflow_run_id"]
+    shutil.copytree(ckpt, run_dir(cfg) / ".checkpoint.old")  # the previous checkpoint, moved aside
+    ckpt.rename(run_dir(cfg) / ".checkpoint.tmp-abc123")  # the new, complete one, not yet in place
+    (run_dir(cfg) / ".checkpoint.tmp-dead00").mkdir()  # a save killed mid-write
+    _, _, state, optim = load_run_checkpoint(cfg, run_id)
+    assert state.step == 2 and optim is not None
+    assert sorted(p.name for p in run_dir(cfg).iterdir()) == ["checkpoint"]
 
 
 def _open_store(uri: str) -> str:

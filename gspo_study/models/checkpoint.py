@@ -54,6 +54,26 @@ def save_pretrained(model, tokenizer, path: str | Path, extra: dict[str, Any] | 
     return path
 
 
+def finish_interrupted_save(path: str | Path) -> None:
+    """Settle what a killed `save_pretrained(..., path)` left: killed between its two renames, `path` is gone
+    and the new checkpoint waits complete in a temporary directory (else the previous one in `.old`) — it
+    is moved into place; temporary directories and `.old` left over are deleted. Call it only where no other
+    process can be saving to `path` (the trainer holds the run's lock)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return
+    temps = sorted(path.parent.glob(f".{path.name}.tmp-*"), key=lambda p: p.stat().st_mtime)
+    old = path.with_name(f".{path.name}.old")
+    if not path.exists():
+        for candidate in [*reversed(temps), old]:  # the newest complete one
+            if (candidate / COMPLETE_MARKER).is_file():
+                candidate.rename(path)
+                break
+    if path.exists():
+        for leftover in [*temps, old]:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 def fingerprint(path: str | Path) -> str:
     """16 hex digits identifying a checkpoint directory's contents cheaply (also for 60 GB checkpoints): the
     names and sizes of its files and the bytes of its small JSON files (config, SFT log with its timings), so
@@ -100,8 +120,14 @@ def load_pretrained(
     kwargs: dict[str, Any] = {"dtype": dtype}
     if experts_implementation:
         kwargs["experts_implementation"] = experts_implementation
-    model = Qwen3MoeForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        model = Qwen3MoeForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - safetensors, json and OS errors of a damaged directory
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CheckpointError(
+            f"{path} cannot be loaded ({type(exc).__name__}: {detail[:200]}); re-create the checkpoint"
+        ) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -9,17 +9,21 @@ checkpoint is skipped with a warning and the run restarts from its initial check
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
+import os
 import shutil
+import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 
 from gspo_study.config import Config, ConfigError, coldstart_name
-from gspo_study.models import load_pretrained, save_pretrained
+from gspo_study.models import finish_interrupted_save, load_pretrained, save_pretrained
 from gspo_study.runtime import DTYPES
 from gspo_study.tracking import run_key, run_name
 
@@ -47,6 +51,31 @@ def run_dir(cfg: Config) -> Path:
     runs, key = cfg.out_dir / "runs", run_key(cfg)
     existing = sorted(runs.glob(f"*-{key}")) if runs.is_dir() else []
     return existing[0] if existing else runs / f"{run_name(cfg)}-{key}"
+
+
+@contextlib.contextmanager
+def run_lock(cfg: Config):
+    """Held while a process trains this run (rank 0 of a distributed job; the other ranks follow it): a second
+    process on the same run is refused instead of logging every step twice and overwriting its checkpoints.
+    An OS file lock, so a killed process releases it; the file is in the temp directory, named by a hash of
+    the run's results path and key, because the lock is taken before any input is checked and bad input
+    must write nothing under `results_dir`."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    where = hashlib.sha256(f"{cfg.out_dir.resolve()}:{run_key(cfg)}".encode()).hexdigest()[:16]
+    lock = FileLock(Path(tempfile.gettempdir()) / f"gspo_study-run-{where}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(
+            f"run {run_dir(cfg).name} is being trained by another process (it holds {lock.lock_file}); "
+            "wait for it to finish or stop it"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def init_checkpoint(cfg: Config) -> Path:
@@ -82,6 +111,7 @@ def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None):
     tracked): resuming another store's checkpoint would leave this run's early steps unlogged.
     """
     ckpt = run_dir(cfg) / "checkpoint"
+    finish_interrupted_save(ckpt)
     if ckpt.exists():
         try:
             model, tokenizer, state, optim = _resume(cfg, ckpt)
