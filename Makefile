@@ -60,8 +60,8 @@ bench: install
 
 mlflow-ui: install
 	@echo "Runs table: http://127.0.0.1:$(PORT)/#/experiments/<id>/runs   charts: .../#/experiments/<id>/chart"
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port $(PORT)
+	$(VENV)/bin/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --host 127.0.0.1 --port $(PORT)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache results/smoke
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -3,7 +3,8 @@
     python analysis/report.py --scale cpu [--seeds 1,2,3] [key=value ...]
 
 Everything is computed from the tracked MLflow runs (found as in analysis/figures.py); a claim whose runs
-are missing or unfinished says "not run". Per-seed measures:
+are missing or unfinished says "not run"; with no tracked run at all it stops (an error) and leaves REPORT.md
+as it is. Per-seed measures:
 - final pass@1: `eval/pass@1` at the run's last evaluation (its last step);
 - final reward: `rollout/reward/mean` averaged over the last evaluation interval, the steps after
   `train.steps − eval.every` (all steps when eval.every is 0);
@@ -274,6 +275,11 @@ def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
     figs = {c.figure for c in CLAIMS if c.figure is not None}
     sweeps = {f: load(figure_configs(f, scale, seeds, tuple(overrides))) for f in figs}
     path = study.out_dir / "REPORT.md"
+    if not study.runs and not any(s.runs for s in sweeps.values()):  # e.g. a fresh clone: no store shipped
+        raise ConfigError(
+            f"no tracked runs of scale {scale!r} (seeds {', '.join(map(str, seeds))}) in {study.uri}; train them "
+            f"first (make reproduce-figure-N SCALE={scale}); {path} is left as it is"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(study, sweeps, scale, seeds))
     if study.runs:

@@ -61,7 +61,7 @@ def summary(scale: str, runs: list[str], seeds: list[int], layers=(), overrides=
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--scale", default="cpu")
     p.add_argument("--runs", required=True, help="run files, comma-separated (experiments/runs/<run>.yaml)")
     p.add_argument("--layer", action="append", default=[], help="extra YAML layered on every run")

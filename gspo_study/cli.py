@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from gspo_study.config import ConfigError, load_config
 from gspo_study.errors import NonFiniteError
@@ -41,8 +42,14 @@ def _cmd_eval(args) -> None:
     from gspo_study.evaluate import evaluate
     from gspo_study.runtime import load_policy, seed_everything
     from gspo_study.tasks import get_task
+    from gspo_study.train.checkpointing import RUN_CONFIG
 
     overrides = list(args.overrides) + ([f"task.name={args.task}"] if args.task else [])
+    saved = Path(args.checkpoint or "") / RUN_CONFIG
+    if (
+        args.config is None and args.checkpoint and saved.is_file()
+    ):  # a run checkpoint: its own task and settings
+        args.config = saved
     if args.scale:  # the scale's base cold start, trained first if missing (`make coldstart`)
         from gspo_study.study import base_coldstart, scale_base
 

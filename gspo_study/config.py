@@ -85,6 +85,7 @@ class RolloutConfig:
     dtype: str = "float32"  # rollout engine dtype: float32 | bfloat16 (precision-mismatch study, §5.4)
     sharded: bool = False  # each rank generates its share of the batch, every response from its own random
     # stream, so the tokens do not depend on the world size (paper configs); False: one stream per batch
+    vllm_gpu_memory_utilization: float = 0.4  # vllm: its share of each GPU (weights + KV cache)
 
 
 @dataclass
@@ -362,6 +363,10 @@ def validate(cfg: Config) -> None:
             t.micro_batch_size >= 1,
             f"bad value {t.micro_batch_size} for 'train.micro_batch_size'; allowed: an integer >= 1",
         )
+    u = r.vllm_gpu_memory_utilization
+    _require(
+        0 < u <= 1, f"bad value {u} for 'rollout.vllm_gpu_memory_utilization'; allowed: a number in (0, 1]"
+    )
     results = Path(cfg.results_dir)
     _require(
         not results.exists() or results.is_dir(),

@@ -27,7 +27,13 @@ from filelock import FileLock
 from gspo_study.config import Config, ConfigError, to_flat_dict
 
 # Fields that name or place a run but do not change its numbers.
-NON_IDENTITY = ("tracking.", "results_dir", "threads", "train.checkpoint_every")
+NON_IDENTITY = (
+    "tracking.",
+    "results_dir",
+    "threads",
+    "train.checkpoint_every",
+    "rollout.vllm_gpu_memory_utilization",
+)
 # Knobs left out of `run_key` at these values, so that runs tracked before the knob counted keep their
 # identity (and are never re-trained): knobs added later, at their defaults, and `eval.batch_size`, at its
 # default — once thought not to change numbers, it does (evaluation draws its samples chunk by chunk from one
@@ -206,7 +212,8 @@ class Tracker:
                 raise ConfigError(
                     f"MLflow run {run.info.run_name} ({run.info.run_id}) started from a different checkpoint "
                     f"(fingerprint {was}, now {origin}): the cold start changed since; delete that run "
-                    f"(`mlflow runs delete --run-id {run.info.run_id}`) or restore the checkpoint"
+                    f"(`MLFLOW_TRACKING_URI={uri} mlflow runs delete --run-id {run.info.run_id}`) or restore the "
+                    "checkpoint"
                 )
             histories = [client.get_metric_history(run.info.run_id, mlflow_key(k)) for k in STEP_SENTINELS]
             upto = max((m.step for history in histories for m in history), default=-1)

@@ -51,6 +51,7 @@ from gspo_study.train.checkpointing import (
     RunState,
     init_checkpoint,
     load_run_checkpoint,
+    require_start,
     run_dir,
     run_lock,
     save_run_checkpoint,
@@ -90,7 +91,9 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
         cfg.rollout.prompts_per_step, random.Random(derive_seed(cfg.seed, step, "prompts"))
     )
     rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
-    ctx.engine.sync(ctx.model)
+    if not getattr(ctx.engine, "shares_weights", False):  # a separate copy (vLLM, or hf at another dtype)
+        with getattr(ctx.backend, "gathered_parameters", nullcontext)():  # ZeRO-3 partitions the weights
+            ctx.engine.sync(ctx.model)
     recorder = record_routing(ctx.engine.model) if cfg.algo.routing_replay == "r3" else None
     if not cfg.rollout.sharded:  # one random stream for the batch; every rank generates all of it
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
@@ -171,10 +174,11 @@ def update_minibatch(ctx: Context, batch, rows, adv, old_lp, replay, lr) -> tupl
     normalizer = ctx.objective.batch_normalizer(mask[rows])  # the whole minibatch's count, on every rank
     local = rows[ctx.rank :: ctx.world]
     parts, ent_sum = [], 0.0
-    for micro in local.split(ctx.cfg.train.micro_batch_size or len(local)):
+    micros = local.split(ctx.cfg.train.micro_batch_size or len(local))
+    for i, micro in enumerate(micros):
         with replay_routing(ctx.model, replay.select(micro)) if replay is not None else nullcontext():
             lp, ent = token_logprobs(
-                ctx.model,
+                ctx.backend.train_module,
                 batch.sequences[micro],
                 batch.attention_mask[micro],
                 ctx.cfg.rollout.temperature,
@@ -187,7 +191,7 @@ def update_minibatch(ctx: Context, batch, rows, adv, old_lp, replay, lr) -> tupl
                 mask=mask[micro],
                 normalizer=normalizer,
             )
-            ctx.backend.backward(loss)
+            ctx.backend.backward(loss, last=i == len(micros) - 1)
         parts.append(metrics)
         ent_sum += torch.where(mask[micro], ent, torch.zeros_like(ent)).sum().item()
     grad_norm = ctx.backend.step(lr)
@@ -339,7 +343,8 @@ def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
         clip_high=cfg.algo.clip_high,
         aggregation=cfg.algo.aggregation,
     )
-    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.dtype)
+    r = cfg.rollout
+    engine = make_engine(r.engine, model, tokenizer, r.dtype, r.vllm_gpu_memory_utilization)
     return Context(
         cfg=cfg,
         model=model,
@@ -392,6 +397,8 @@ def train(cfg: Config) -> dict[str, float]:
 
 def _train(cfg: Config) -> dict[str, float]:
     start = init_checkpoint(cfg)
+    if not (run_dir(cfg) / "checkpoint").exists():
+        require_start(cfg)  # before the store is opened: a missing cold start writes nothing
     origin = fingerprint(start) if start.is_dir() else ""
     # Every rank finds the run (its id names the checkpoint to resume); rank 0 creates it if there is none.
     tracker = Tracker.open(cfg, create=False, origin=origin)

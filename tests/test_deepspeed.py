@@ -28,6 +28,9 @@ CASES = [
     ("grpo", "r2", 3, ()),
     ("grpo", "r3", 3, ("rollout.sharded=true",)),
     ("gspo", "none", 2, ("rollout.sharded=true",)),
+    # several micro-batches per rank: DeepSpeed must accumulate them, not keep the last one's gradient
+    ("gspo", "none", 2, ("train.micro_batch_size=1",)),
+    ("grpo", "r2", 3, ("train.micro_batch_size=1",)),
 ]
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
 

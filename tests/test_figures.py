@@ -208,12 +208,16 @@ def test_report_one_row_per_claim(study):
     assert table[-1].endswith("| not run |") if counts is None else int(counts[1]) < int(counts[2])
 
 
-def test_report_without_runs_says_not_run(study, tmp_path):
+def test_report_without_any_run_stops_and_keeps_the_old_report(study, tmp_path):
+    """A fresh clone has the committed REPORT.md but no store: `make report` must not overwrite it."""
     _, overrides = study
     moved = (*overrides, f"results_dir={tmp_path}", "tracking.experiment=never-trained")
-    text = report.make_report("smoke", [1], moved).read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert len(rows) == len(report.CLAIMS) and all(r.endswith("| not run |") for r in rows)
+    old = tmp_path / "smoke" / "REPORT.md"
+    old.parent.mkdir(parents=True)
+    old.write_text("the committed report\n")
+    with pytest.raises(ConfigError, match="no tracked runs of scale 'smoke'.*is left as it is"):
+        report.make_report("smoke", [1], moved)
+    assert old.read_text() == "the committed report\n"
 
 
 def test_smoke_never_writes_under_cpu(study):

@@ -114,3 +114,24 @@ def test_eval_scale_honours_overrides(smoke_results, capsys):
     assert main(["eval", "--scale", "smoke", "--json", "--samples", "1", f"results_dir={smoke_results}"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["checkpoint"] == str(smoke_results / "smoke" / "checkpoints" / "coldstart")
+
+
+def test_eval_of_a_run_checkpoint_uses_the_runs_own_config(smoke_cfg, capsys):
+    """A run checkpoint carries its run's config: `eval --checkpoint` without `--config` evaluates it on the
+    run's task and settings (here the smoke task), as `--config <the run's base>` does."""
+    from gspo_study.cli import main
+    from gspo_study.train.checkpointing import RUN_CONFIG, run_dir
+    from gspo_study.trainer import train
+
+    cfg = smoke_cfg("train.steps=1", "eval.every=0", "task.digits=1")
+    train(cfg)
+    ckpt = str(run_dir(cfg) / "checkpoint")
+    assert load_config(f"{ckpt}/{RUN_CONFIG}") == cfg
+
+    def run(*extra: str) -> dict:
+        assert main(["eval", "--checkpoint", ckpt, "--json", "--samples", "2", *extra]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    own = run()
+    assert own == run("--config", "experiments/smoke/base.yaml", "task.digits=1")
+    assert own["n_prompts"] == cfg.eval.num_prompts

@@ -145,7 +145,7 @@ def test_vllm_config_dict_reads_back_the_same_model():
 SUPPORTED = {
     "model", "dtype", "load_format", "skip_tokenizer_init", "generation_config", "logprobs_mode",
     "gpu_memory_utilization", "enable_sleep_mode", "tensor_parallel_size", "seed", "max_model_len",
-    "enable_prefix_caching",
+    "enable_prefix_caching", "distributed_executor_backend",
 }  # fmt: skip
 
 
@@ -162,6 +162,14 @@ def test_engine_kwargs_defaults_overrides_and_checks():
         engine_kwargs("/tmp/m", "bfloat16", {}, SUPPORTED - {"logprobs_mode"}, False)
     with pytest.raises(ConfigError, match="tensor_parallel_size must be 1"):
         engine_kwargs("/tmp/m", "bfloat16", {"tensor_parallel_size": 2}, SUPPORTED, False)
+
+
+def test_engine_kwargs_under_torchrun_use_the_external_launcher(monkeypatch):
+    """Each rank's engine on its own GPU: vLLM's in-process executor would put every rank's on GPU 0."""
+    assert "distributed_executor_backend" not in engine_kwargs("/tmp/m", "bfloat16", {}, SUPPORTED, False)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    kw = engine_kwargs("/tmp/m", "bfloat16", {}, SUPPORTED, False)
+    assert kw["distributed_executor_backend"] == "external_launcher"
 
 
 def test_engine_kwargs_for_routed_experts():

@@ -6,14 +6,14 @@ from gspo_study.rollout.base import RolloutBatch, position_ids_from_mask
 from gspo_study.rollout.hf import HFEngine, encode_prompts
 
 
-def make_engine(name: str, model, tokenizer, dtype: str = "float32"):
-    """The rollout engine named in `rollout.engine`."""
+def make_engine(name: str, model, tokenizer, dtype: str = "float32", gpu_memory_utilization: float = 0.4):
+    """The rollout engine named in `rollout.engine` (`gpu_memory_utilization`: vllm's share of the GPU)."""
     if name == "hf":
         return HFEngine(model, tokenizer, dtype=dtype)
     if name == "vllm":
         from gspo_study.rollout.vllm_engine import VLLMEngine  # optional GPU extra
 
-        return VLLMEngine(model, tokenizer, dtype=dtype)
+        return VLLMEngine(model, tokenizer, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization)
     raise ValueError(f"unknown rollout engine {name!r}; allowed: hf, vllm")
 
 

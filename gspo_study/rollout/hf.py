@@ -33,10 +33,11 @@ def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.T
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, dtype: str = "float32"):
+    def __init__(self, model, tokenizer, dtype: str | None = None):
+        """`dtype` None: the model's own (no copy; what evaluation uses, also for a bf16 or ZeRO-3 model)."""
         self.tokenizer = tokenizer
-        self.dtype = DTYPES[dtype]
         param_dtype = next(model.parameters()).dtype
+        self.dtype = param_dtype if dtype is None else DTYPES[dtype]
         # A separate copy only when the engine's precision differs from the trainer's.
         self.model = model if param_dtype == self.dtype else copy.deepcopy(model).to(self.dtype)
         self.shares_weights = self.model is model
@@ -83,18 +84,20 @@ class HFEngine:
         step_ids, pos = seq, position_ids_from_mask(mask)
         finished = torch.zeros(seq.shape[0], dtype=torch.bool)
         tokens, logps, alive = [], [], []
+        device = next(self.model.parameters()).device  # the model may sit on a GPU; sampling stays on the CPU
         for step in range(max_new_tokens):
             logits = (
                 self.model(
-                    input_ids=step_ids,
-                    attention_mask=mask,
-                    position_ids=pos,
+                    input_ids=step_ids.to(device),
+                    attention_mask=mask.to(device),
+                    position_ids=pos.to(device),
                     cache=cache,
                     use_cache=True,
                     logits_to_keep=1,
                 )
                 .logits[:, -1]
                 .float()
+                .cpu()
             )
             if not torch.isfinite(logits).all():
                 raise NonFiniteError(

@@ -192,6 +192,10 @@ def engine_kwargs(
         **ENGINE_DEFAULTS,
         **{k: v for k, v in opts.items() if k not in OWN_OPTIONS},
     }
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # one engine per torchrun rank, each on its own GPU (LOCAL_RANK): vLLM's in-process executor would put
+        # every rank's engine on GPU 0 (TRL's colocate mode does the same, trl/generation/vllm_generation.py)
+        kwargs.setdefault("distributed_executor_backend", "external_launcher")
     if routing:
         if "enable_return_routed_experts" not in supported:
             raise ConfigError(ROUTING_UNSUPPORTED)

@@ -21,11 +21,14 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock, Timeout
+from omegaconf import OmegaConf
 
 from gspo_study.config import Config, ConfigError, coldstart_name
 from gspo_study.models import finish_interrupted_save, load_pretrained, save_pretrained
 from gspo_study.runtime import DTYPES
 from gspo_study.tracking import run_key, run_name
+
+RUN_CONFIG = "run_config.json"  # the run's whole config, in each run checkpoint (JSON is YAML: a config file)
 
 
 @dataclass
@@ -57,14 +60,16 @@ def run_dir(cfg: Config) -> Path:
 def run_lock(cfg: Config):
     """Held while a process trains this run (rank 0 of a distributed job; the other ranks follow it): a second
     process on the same run is refused instead of logging every step twice and overwriting its checkpoints.
-    An OS file lock, so a killed process releases it; the file is in the temp directory, named by a hash of
+    An OS file lock, so a killed process releases it; the file is in `<temp dir>/gspo_study-locks/`, named by a hash of
     the run's results path and key, because the lock is taken before any input is checked and bad input
     must write nothing under `results_dir`."""
     if int(os.environ.get("RANK", "0")) != 0:
         yield
         return
     where = hashlib.sha256(f"{cfg.out_dir.resolve()}:{run_key(cfg)}".encode()).hexdigest()[:16]
-    lock = FileLock(Path(tempfile.gettempdir()) / f"gspo_study-run-{where}.lock")
+    locks = Path(tempfile.gettempdir()) / "gspo_study-locks"
+    locks.mkdir(exist_ok=True)
+    lock = FileLock(locks / f"{where}.lock")
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -84,6 +89,21 @@ def init_checkpoint(cfg: Config) -> Path:
         if cfg.init_checkpoint
         else cfg.out_dir / "checkpoints" / coldstart_name(cfg)
     )
+
+
+def require_start(cfg: Config) -> Path:
+    """The run's initial checkpoint; a one-line error naming the command that makes it when it is missing."""
+    start = init_checkpoint(cfg)
+    if not start.exists():
+        from gspo_study.study import coldstart_overrides
+
+        shape = " ".join(coldstart_overrides(cfg))
+        raise ConfigError(
+            f"initial checkpoint not found: {start}; run `make coldstart SCALE={cfg.scale}"
+            + (f" OVERRIDES='{shape}'" if shape else "")
+            + "` or set init_checkpoint"
+        )
+    return start
 
 
 def _load_model(cfg: Config, path: Path):
@@ -127,12 +147,7 @@ def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None):
                 f"skipping unreadable checkpoint {ckpt} ({type(exc).__name__}: {exc}); starting over",
                 stacklevel=2,
             )
-    start = init_checkpoint(cfg)
-    if not start.exists():
-        raise ConfigError(
-            f"initial checkpoint not found: {start}; run `make coldstart SCALE={cfg.scale}` "
-            "or set init_checkpoint"
-        )
+    start = require_start(cfg)
     model, tokenizer = _load_model(cfg, start)
     return model, tokenizer, RunState(), None
 
@@ -148,6 +163,7 @@ def save_run_checkpoint(ctx) -> Path:
     optim = ctx.backend.state_dict()
     extra = {
         "trainer_state.json": asdict(ctx.state),
+        RUN_CONFIG: OmegaConf.to_container(OmegaConf.structured(ctx.cfg)),  # what `eval --checkpoint` reads
         **({"optimizer.pt": optim} if optim is not None else {}),
     }
     gathered = getattr(ctx.backend, "gathered_parameters", contextlib.nullcontext)

@@ -59,8 +59,13 @@ class DeepSpeedBackend:
             config=ds_config(cfg, micro, math.ceil(rows_per_rank / micro)),
         )  # fmt: skip
         self.model = self.engine.module
+        self.train_module = self.engine  # update forwards go through the engine (its micro-step bookkeeping)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        """Accumulate `loss`'s gradient; `last` marks the minibatch's last micro-batch on this rank, the
+        accumulation boundary at which ZeRO reduces the accumulated gradients (set on every micro-batch: a
+        boundary on each one keeps only the last micro-batch's gradient under ZeRO-3, and breaks ZeRO-2)."""
+        self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss * self.world, scale_wrt_gas=False)
 
     def step(self, lr: float) -> float:

@@ -19,14 +19,15 @@ def token_logprobs(
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(sequences[:, t+1] | ≤ t) for every t: `[B, L-1]` float32, and the entropy `[B, L-1]` if asked."""
-    inputs, mask = sequences[:, :-1], attention_mask[:, :-1]
+    home, device = sequences.device, next(model.parameters()).device  # batch on CPU, model maybe on a GPU
+    inputs, mask = sequences[:, :-1].to(device), attention_mask[:, :-1].to(device)
     pos = position_ids_from_mask(mask)
     # no KV cache: nothing decodes after this forward
     out = model(input_ids=inputs, attention_mask=mask, position_ids=pos, use_cache=False)
     logp_all = torch.log_softmax(out.logits.float() / temperature, dim=-1)
-    logprobs = logp_all.gather(-1, sequences[:, 1:, None]).squeeze(-1)
+    logprobs = logp_all.gather(-1, sequences[:, 1:, None].to(device)).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logprobs, entropy
+            entropy = -(logp_all.exp() * logp_all).sum(-1).to(home)
+    return logprobs.to(home), entropy  # the objective works on the batch's device; gradients flow back

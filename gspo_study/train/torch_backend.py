@@ -27,12 +27,13 @@ def scaled_lrs(optimizer, lr: float) -> None:
 
 class TorchBackend:
     def __init__(self, model, lr: float, weight_decay: float, grad_clip: float, router_lr_scale: float = 1.0):
-        self.model = model
+        self.model = self.train_module = model  # train_module: what update forwards call
         self.grad_clip = grad_clip
         groups = param_groups(model, router_lr_scale)
         self.optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        """Accumulate `loss`'s gradient (`last`: the minibatch's last micro-batch; unused here)."""
         loss.backward()
 
     def step(self, lr: float) -> float:
