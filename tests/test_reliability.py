@@ -196,7 +196,8 @@ def test_bad_input_one_line_nothing_written(smoke_results, tmp_path, capsys, ext
     assert rc == 2 and err.startswith("error:") and fragment in err and "\n" not in err, err
     assert not (tmp_path / "res" / "smoke" / "runs").exists()  # no run directory, no checkpoint
     db = tmp_path / "res" / "mlflow.db"
-    assert not (fragment == "not found" and db.exists())  # a missing cold start is found before the store opens
+    # a missing cold start is found before the store is opened
+    assert not (fragment == "not found" and db.exists())
     if db.exists():  # the store may exist, but holds no run
         client = MlflowClient(f"sqlite:///{db}")
         exps = [e.experiment_id for e in client.search_experiments()]
