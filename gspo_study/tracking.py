@@ -217,9 +217,6 @@ class Tracker:
                 )
             histories = [client.get_metric_history(run.info.run_id, mlflow_key(k)) for k in STEP_SENTINELS]
             upto = max((m.step for history in histories for m in history), default=-1)
-            # a run killed between its creation and its parameters gets them now (only the missing ones:
-            # MLflow refuses to change a logged value, and non-identity knobs such as threads may differ)
-            cls._log_params(client, run.info.run_id, cfg, skip=run.data.params.keys())
             if run.info.status not in ("RUNNING", "FINISHED"):
                 client.update_run(run.info.run_id, status="RUNNING")
             return cls(client, run.info.run_id, exp_id, upto)
@@ -250,6 +247,13 @@ class Tracker:
         params = [Param(k, str(v)[:6000]) for k, v in sorted(to_flat_dict(cfg).items()) if k not in skip]
         for i in range(0, len(params), 100):
             _retry(client.log_batch, run_id, params=params[i : i + 100])
+
+    def log_missing_params(self, cfg: Config) -> None:
+        """A run killed between its creation and its params gets them on resume — only the missing ones:
+        MLflow refuses to change a logged value, and non-identity knobs such as threads may differ."""
+        self._log_params(
+            self.client, self.run_id, cfg, skip=self.client.get_run(self.run_id).data.params.keys()
+        )
 
     def finished(self) -> bool:
         return self.client.get_run(self.run_id).info.status == "FINISHED"

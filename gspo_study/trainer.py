@@ -55,6 +55,7 @@ from gspo_study.train.checkpointing import (
     run_dir,
     run_lock,
     save_run_checkpoint,
+    settle_interrupted_save,
 )
 from gspo_study.train.dist import gather, init_distributed
 from gspo_study.train.forward import token_logprobs
@@ -91,9 +92,7 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
         cfg.rollout.prompts_per_step, random.Random(derive_seed(cfg.seed, step, "prompts"))
     )
     rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
-    if not getattr(ctx.engine, "shares_weights", False):  # a separate copy (vLLM, or hf at another dtype)
-        with getattr(ctx.backend, "gathered_parameters", nullcontext)():  # ZeRO-3 partitions the weights
-            ctx.engine.sync(ctx.model)
+    ctx.engine.sync(ctx.model, gather=getattr(ctx.backend, "gathered_parameters", None))  # ZeRO-3: whole
     recorder = record_routing(ctx.engine.model) if cfg.algo.routing_replay == "r3" else None
     if not cfg.rollout.sharded:  # one random stream for the batch; every rank generates all of it
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
@@ -396,6 +395,7 @@ def train(cfg: Config) -> dict[str, float]:
 
 
 def _train(cfg: Config) -> dict[str, float]:
+    settle_interrupted_save(cfg)
     start = init_checkpoint(cfg)
     if not (run_dir(cfg) / "checkpoint").exists():
         require_start(cfg)  # before the store is opened: a missing cold start writes nothing
@@ -406,6 +406,8 @@ def _train(cfg: Config) -> dict[str, float]:
         print(f"run {tracker.run_id} ({run_dir(cfg).name}) already finished; skipping")
         return {}
     ctx = setup(cfg, tracker.run_id if tracker is not None else None)
+    if ctx.rank == 0 and tracker is not None:  # resuming
+        tracker.log_missing_params(cfg)
     ctx.tracker = tracker = (tracker or Tracker.open(cfg, origin=origin)) if ctx.rank == 0 else NullTracker()
     metrics: dict[str, float] = {}
     try:

@@ -308,7 +308,7 @@ def test_run_killed_before_its_params_gets_them_on_resume(smoke_cfg):
 def test_save_killed_between_its_renames_is_finished_on_resume(smoke_cfg):
     """`save_pretrained` renames the old checkpoint away, then the new one into place: killed in between,
     the resumed run takes the new one (not a restart from step 0) and clears the leftovers."""
-    from gspo_study.train.checkpointing import load_run_checkpoint
+    from gspo_study.train.checkpointing import load_run_checkpoint, settle_interrupted_save
 
     cfg = smoke_cfg("train.steps=2", "train.checkpoint_every=1")
     train(cfg)
@@ -317,9 +317,16 @@ def test_save_killed_between_its_renames_is_finished_on_resume(smoke_cfg):
     shutil.copytree(ckpt, run_dir(cfg) / ".checkpoint.old")  # the previous checkpoint, moved aside
     ckpt.rename(run_dir(cfg) / ".checkpoint.tmp-abc123")  # the new, complete one, not yet in place
     (run_dir(cfg) / ".checkpoint.tmp-dead00").mkdir()  # a save killed mid-write
+    settle_interrupted_save(cfg)  # what `train` does first, holding the run's lock
     _, _, state, optim = load_run_checkpoint(cfg, run_id)
     assert state.step == 2 and optim is not None
     assert sorted(p.name for p in run_dir(cfg).iterdir()) == ["checkpoint"]
+    shutil.rmtree(
+        run_dir(cfg) / "checkpoint"
+    )  # a first save killed mid-write: nothing to finish, all cleared
+    (run_dir(cfg) / ".checkpoint.tmp-dead01").mkdir()
+    settle_interrupted_save(cfg)
+    assert not any(run_dir(cfg).iterdir())
 
 
 def _open_store(uri: str) -> str:

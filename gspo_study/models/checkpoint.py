@@ -69,8 +69,8 @@ def finish_interrupted_save(path: str | Path) -> None:
             if (candidate / COMPLETE_MARKER).is_file():
                 candidate.rename(path)
                 break
-    if path.exists():
-        for leftover in [*temps, old]:
+    for leftover in [*temps, old]:  # incomplete ones always; complete ones once `path` holds a checkpoint
+        if path.exists() or not (leftover / COMPLETE_MARKER).is_file():
             shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -123,11 +123,11 @@ def load_pretrained(
     try:
         model = Qwen3MoeForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except MemoryError:
+        raise
     except Exception as exc:  # noqa: BLE001 - safetensors, json and OS errors of a damaged directory
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise CheckpointError(
-            f"{path} cannot be loaded ({type(exc).__name__}: {detail[:200]}); re-create the checkpoint"
-        ) from None
+        raise CheckpointError(f"{path} cannot be loaded ({type(exc).__name__}: {detail[:200]})") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -42,10 +42,11 @@ class HFEngine:
         self.model = model if param_dtype == self.dtype else copy.deepcopy(model).to(self.dtype)
         self.shares_weights = self.model is model
 
-    def sync(self, model) -> None:
-        """Copy the trainer's current weights into the engine (no-op when they share weights)."""
+    def sync(self, model, gather=None) -> None:
+        """Copy the trainer's current weights into the engine (no-op when they share weights); `gather`: a
+        context factory in which the weights are whole (DeepSpeed ZeRO-3)."""
         if not self.shares_weights:
-            with torch.no_grad():
+            with torch.no_grad(), (gather or contextlib.nullcontext)():
                 for dst, src in zip(self.model.parameters(), model.parameters()):
                     dst.copy_(src.to(dst.dtype))
 

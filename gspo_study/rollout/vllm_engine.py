@@ -30,6 +30,7 @@ tested on CPU. Importing this module never imports vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import inspect
@@ -443,6 +444,7 @@ class VLLMEngine:
             raise ConfigError(f"rollout.dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
         self.model, self.tokenizer, self.dtype, self.opts = model, tokenizer, dtype, dict(opts)
         self.sleep_level = int(self.opts.get("sleep_level", 1) or 0)
+        self._gather = contextlib.nullcontext  # see sync
         self._llm = None
         self._config_dir: tempfile.TemporaryDirectory | None = None
         self._routing = False
@@ -450,10 +452,13 @@ class VLLMEngine:
         self._weights_stale = True
 
     # ---- public interface ------------------------------------------------------------------------
-    def sync(self, model) -> None:
-        """Push the trainer's current weights into the engine (deferred until the engine exists)."""
+    def sync(self, model, gather=None) -> None:
+        """Push the trainer's current weights into the engine (deferred until the engine exists). `gather`: a
+        context factory in which the weights are whole (DeepSpeed ZeRO-3 partitions them), entered around
+        every push, also the deferred ones that `generate` makes."""
         self.model = model
         self._weights_stale = True
+        self._gather = gather or contextlib.nullcontext
         if self._llm is not None:
             self._push_weights()
 
@@ -529,7 +534,7 @@ class VLLMEngine:
 
     def _push_weights(self) -> None:
         self._wake({"weights"})
-        with torch.no_grad():
+        with torch.no_grad(), self._gather():
             weights = list(hf_to_vllm_weights(self.model.named_parameters()))
             self._llm.collective_rpc(_load_on_worker, args=(weights,))
         self._llm.reset_prefix_cache()  # cached KV blocks belong to the old weights

@@ -9,6 +9,7 @@ checkpoint is skipped with a warning and the run restarts from its initial check
 from __future__ import annotations
 
 import contextlib
+import getpass
 import hashlib
 import json
 import math
@@ -27,6 +28,7 @@ from gspo_study.config import Config, ConfigError, coldstart_name
 from gspo_study.models import finish_interrupted_save, load_pretrained, save_pretrained
 from gspo_study.runtime import DTYPES
 from gspo_study.tracking import run_key, run_name
+from gspo_study.train.dist import init_distributed
 
 RUN_CONFIG = "run_config.json"  # the run's whole config, in each run checkpoint (JSON is YAML: a config file)
 
@@ -60,14 +62,16 @@ def run_dir(cfg: Config) -> Path:
 def run_lock(cfg: Config):
     """Held while a process trains this run (rank 0 of a distributed job; the other ranks follow it): a second
     process on the same run is refused instead of logging every step twice and overwriting its checkpoints.
-    An OS file lock, so a killed process releases it; the file is in `<temp dir>/gspo_study-locks/`, named by a hash of
+    An OS file lock, so a killed process releases it; the file is in `<temp dir>/gspo_study-locks-<user>/`, named by a hash of
     the run's results path and key, because the lock is taken before any input is checked and bad input
     must write nothing under `results_dir`."""
     if int(os.environ.get("RANK", "0")) != 0:
         yield
         return
     where = hashlib.sha256(f"{cfg.out_dir.resolve()}:{run_key(cfg)}".encode()).hexdigest()[:16]
-    locks = Path(tempfile.gettempdir()) / "gspo_study-locks"
+    locks = (
+        Path(tempfile.gettempdir()) / f"gspo_study-locks-{getpass.getuser()}"
+    )  # per user: no shared dir modes
     locks.mkdir(exist_ok=True)
     lock = FileLock(locks / f"{where}.lock")
     try:
@@ -81,6 +85,16 @@ def run_lock(cfg: Config):
         yield
     finally:
         lock.release()
+
+
+def settle_interrupted_save(cfg: Config) -> None:
+    """Before anyone reads the run's checkpoint: rank 0, holding the run lock, finishes or clears what a killed
+    save left (`finish_interrupted_save`); the other ranks of a DeepSpeed job wait for it at a barrier."""
+    rank, world = init_distributed() if cfg.train.backend == "deepspeed" else (0, 1)
+    if rank == 0:
+        finish_interrupted_save(run_dir(cfg) / "checkpoint")
+    if world > 1:
+        torch.distributed.barrier()
 
 
 def init_checkpoint(cfg: Config) -> Path:
@@ -131,7 +145,6 @@ def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None):
     tracked): resuming another store's checkpoint would leave this run's early steps unlogged.
     """
     ckpt = run_dir(cfg) / "checkpoint"
-    finish_interrupted_save(ckpt)
     if ckpt.exists():
         try:
             model, tokenizer, state, optim = _resume(cfg, ckpt)
