@@ -24,7 +24,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from gspo_study.config import Config, ConfigError, to_flat_dict
+from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, load_config, to_flat_dict
 
 # Fields that name or place a run but do not change its numbers.
 NON_IDENTITY = (
@@ -47,6 +47,15 @@ SAME_NUMBERS = {"model.experts_implementation": {"grouped_mm_index": "grouped_mm
 # every logged step has one of these (step 0 only the evaluation): their last step is the resume point
 STEP_SENTINELS = ("rollout/reward/mean", "eval/pass@1")
 REPLAY_ABBREV = {"none": "nr", "r2": "r2", "r3": "r3"}
+# what `run_name` already says, and where a run starts from (its fingerprint is a tag): not in `variant`
+IN_NAME = (
+    "seed",
+    "algo.objective",
+    "algo.routing_replay",
+    "rollout.dtype",
+    "algo.old_logprobs",
+    "init_checkpoint",
+)
 # MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).
 _MLFLOW_ESCAPES = (("@", "_at_"),)
 
@@ -75,12 +84,41 @@ def tracking_uri(cfg: Config) -> str:
     return f"sqlite:///{path}"
 
 
-def run_key(cfg: Config) -> str:
-    """12 hex digits of the hash of everything in the config that changes a run's numbers."""
+def identity(cfg: Config) -> dict[str, Any]:
+    """Everything in the config that changes a run's numbers, flat."""
     flat = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NON_IDENTITY)}
     flat = {k: v for k, v in flat.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
-    flat = {k: SAME_NUMBERS.get(k, {}).get(v, v) for k, v in flat.items()}
-    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return {k: SAME_NUMBERS.get(k, {}).get(v, v) for k, v in flat.items()}
+
+
+def run_key(cfg: Config) -> str:
+    """12 hex digits of the hash of `identity(cfg)`."""
+    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def variant(cfg: Config) -> str:
+    """What sets a run apart from its scale's base config beyond what `run_name` says, e.g.
+    `model.num_hidden_layers=16 train.lr=4e-05` for a figure-8 cell: added to the MLflow run name and tagged
+    `variant`, so that runs of a sweep or an ablation sharing a name (`gspo-nr-s1`) tell apart."""
+    from gspo_study.study import scale_base
+
+    try:
+        base = identity(load_config(scale_base(cfg.scale)))
+    except ConfigError:  # a scale without experiments/<scale>/base.yaml
+        return ""
+    mine = identity(cfg)
+    keys = sorted(k for k in mine.keys() | base.keys() if k not in IN_NAME and mine.get(k) != base.get(k))
+    return " ".join(f"{k}={_effective(cfg, k, mine.get(k))}" for k in keys)
+
+
+def _effective(cfg: Config, key: str, value: Any) -> Any:
+    """A preset override left unset (None) shown as the preset's own value."""
+    field = key.removeprefix("model.")
+    if value is None and field in PRESET_OVERRIDES and cfg.model.path is None:
+        from gspo_study.models import PRESETS
+
+        return PRESETS[cfg.model.preset][field]
+    return value
 
 
 def run_name(cfg: Config) -> str:
@@ -223,7 +261,12 @@ class Tracker:
         if not create:
             return None
         tags = {**cls._tags(cfg, key), **({"init_fingerprint": origin} if origin else {})}
-        run = _retry(client.create_run, exp_id, run_name=run_name(cfg), tags=tags)
+        shown = (
+            run_name(cfg)
+            if cfg.tracking.run_name
+            else " ".join(filter(None, [run_name(cfg), tags["variant"]]))
+        )
+        run = _retry(client.create_run, exp_id, run_name=shown, tags=tags)
         cls._log_params(client, run.info.run_id, cfg)
         return cls(client, run.info.run_id, exp_id, -1)
 
@@ -231,6 +274,7 @@ class Tracker:
     def _tags(cfg: Config, key: str) -> dict[str, str]:
         return {
             "run_key": key,
+            "variant": variant(cfg),
             "git_commit": git_commit(),
             "algorithm": cfg.algo.objective,
             "routing_replay": cfg.algo.routing_replay,

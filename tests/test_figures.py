@@ -252,6 +252,11 @@ def test_figure_8_sweep(smoke_results, tmp_path):
         per.setdefault((name, cfg.train.lr, figures.depth(cfg)), []).append((p[0], p[max(p)], np.mean(v)))
     curves, points, refs = (csv[csv.kind == k] for k in ("curve", "point", "reference"))
     assert len(curves) == len(points) == len(per) and len(refs) == 2 and set(csv.panel) == set("abc")
+    names = [
+        r.info.run_name for r in client.search_runs([exp.experiment_id], "attributes.run_name != 'figure-8'")
+    ]
+    assert len(names) == len(set(names)) == len(pairs)  # each cell's runs named apart by their variant
+    assert "gspo-nr-s1 model.num_hidden_layers=1 train.lr=" in " | ".join(names)
     for r in curves.itertuples():
         depth = int(r.cell.rsplit("=", 1)[1])
         want = seed_stats([final for _, final, _ in per[(r.run, r.x, depth)]])
