@@ -46,7 +46,7 @@ from gspo_study.objectives import combine_metrics, get_objective, group_advantag
 from gspo_study.rollout import RolloutBatch, make_engine
 from gspo_study.rollout.base import merge_batches
 from gspo_study.tasks import get_task
-from gspo_study.tracking import NullTracker, Tracker
+from gspo_study.tracking import NullTracker, Tracker, tracking_uri
 from gspo_study.train.checkpointing import (
     RunState,
     init_checkpoint,
@@ -440,4 +440,7 @@ def _train(cfg: Config) -> dict[str, float]:
         tracker.set_status("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     tracker.set_status("FINISHED")
+    if ctx.rank == 0 and "eval/pass@1" in metrics:
+        print(f"{run_dir(cfg).name}: step {ctx.state.step}, held-out pass@1 {metrics['eval/pass@1']:.3f}; "
+              f"MLflow run {tracker.run_id} in {tracking_uri(cfg)}")  # fmt: skip
     return metrics

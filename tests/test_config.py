@@ -46,6 +46,8 @@ def test_base_inheritance_and_overrides(tmp_path):
         ("rollout.group_size=abc", "; allowed: an integer"),
         ("rollout.sharded=maybe", "; allowed: true or false"),
         ("train.micro_batch_size=x", "; allowed: null or an integer"),
+        ("algo=gspo", "bad value 'gspo' for 'algo'; allowed: a mapping of algo.* keys"),
+        ("rollout.vllm_gpu_memory_utilization=0", "allowed: a number in (0, 1]"),
     ],
 )
 def test_errors_name_key_and_allowed(override, fragment):
@@ -53,6 +55,14 @@ def test_errors_name_key_and_allowed(override, fragment):
         load_config("experiments/smoke/base.yaml", [override])
     msg = str(err.value)
     assert fragment in msg and "\n" not in msg
+
+
+def test_section_given_a_value_in_file(tmp_path):
+    (tmp_path / "bad.yaml").write_text("algo: gspo\n")
+    with pytest.raises(
+        ConfigError, match=r"bad value 'gspo' for 'algo'; allowed: a mapping of algo\.\* keys"
+    ):
+        load_config(["experiments/smoke/base.yaml", tmp_path / "bad.yaml"])
 
 
 def test_unknown_key_in_file(tmp_path):
