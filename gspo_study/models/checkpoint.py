@@ -25,16 +25,19 @@ class CheckpointError(ValueError):
     """A model path that is missing, incomplete, or not a Qwen3-MoE checkpoint."""
 
 
-def save_pretrained(model, tokenizer, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write `model` + `tokenizer` (+ `extra` tensors/JSON files) to `path` atomically."""
+def save_pretrained(
+    model, tokenizer, path: str | Path, extra: dict[str, Any] | None = None, state_dict: dict | None = None
+) -> Path:
+    """Write `model` + `tokenizer` (+ `extra` tensors/JSON files) to `path` atomically; `state_dict`: the
+    weights to write when the model's own parameters are not whole (ZeRO-3 partitions them)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for p in model.parameters():
+    for p in state_dict.values() if state_dict is not None else model.parameters():
         if not torch.isfinite(p).all():
             raise CheckpointError(f"refusing to write checkpoint {path}: model has non-finite weights")
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             if name.endswith(".json"):

@@ -166,7 +166,7 @@ def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None):
 
 
 def save_run_checkpoint(ctx) -> Path:
-    """Rank 0 writes; under ZeRO-3 every rank first joins in gathering the full weights."""
+    """Rank 0 writes; under ZeRO-3 every rank first joins in gathering the full weights (layer by layer)."""
     path = run_dir(ctx.cfg) / "checkpoint"
     zero = run_dir(ctx.cfg) / "zero"
     ctx.state.mlflow_run_id = ctx.tracker.run_id
@@ -179,10 +179,12 @@ def save_run_checkpoint(ctx) -> Path:
         RUN_CONFIG: OmegaConf.to_container(OmegaConf.structured(ctx.cfg)),  # what `eval --checkpoint` reads
         **({"optimizer.pt": optim} if optim is not None else {}),
     }
-    gathered = getattr(ctx.backend, "gathered_parameters", contextlib.nullcontext)
-    with gathered():
-        if ctx.rank == 0:
-            save_pretrained(ctx.model, ctx.tokenizer, path, extra=extra)  # atomic: the commit point
+    # ZeRO-3: the whole weights, gathered layer by layer onto rank 0's CPU (a collective: every rank joins)
+    full = ctx.backend.full_state_dict() if hasattr(ctx.backend, "full_state_dict") else None
+    if ctx.rank == 0:
+        save_pretrained(
+            ctx.model, ctx.tokenizer, path, extra=extra, state_dict=full
+        )  # atomic: the commit point
     if ctx.world > 1:
         torch.distributed.barrier()  # nobody deletes or resumes before the commit
     if ctx.rank == 0 and ctx.state.zero_tag:  # older tags are no longer referenced

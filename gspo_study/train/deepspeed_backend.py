@@ -101,6 +101,14 @@ class DeepSpeedBackend:
         if path is None:
             raise FileNotFoundError(f"no ZeRO checkpoint {directory / tag}")
 
+    def full_state_dict(self) -> dict | None:
+        """Collective. Under ZeRO-3 the model's whole state dict, gathered one layer at a time onto rank 0's CPU
+        (what DeepSpeed's own 16-bit model save does; None on the other ranks); None under ZeRO-2, whose ranks
+        each hold the whole weights already."""
+        if self.engine.zero_optimization_stage() == 3:
+            return self.engine._zero3_consolidated_16bit_state_dict()
+        return None
+
     def gathered_parameters(self):
         """Context in which every rank sees full parameters (ZeRO-3 partitions them)."""
         import contextlib
