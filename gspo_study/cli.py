@@ -46,10 +46,8 @@ def _cmd_eval(args) -> None:
 
     overrides = list(args.overrides) + ([f"task.name={args.task}"] if args.task else [])
     saved = Path(args.checkpoint or "") / RUN_CONFIG
-    if (
-        args.config is None and args.checkpoint and saved.is_file()
-    ):  # a run checkpoint: its own task and settings
-        args.config = saved
+    if args.config is None and args.checkpoint and saved.is_file():
+        args.config = saved  # a run checkpoint: evaluated with its own run's task and settings
     if args.scale:  # the scale's base cold start, trained first if missing (`make coldstart`)
         from gspo_study.study import base_coldstart, scale_base
 

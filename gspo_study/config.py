@@ -202,10 +202,12 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
 
 def _merge(node: DictConfig, data: Any, where: str) -> DictConfig:
     for name, value in data.items() if isinstance(data, (dict, DictConfig)) else ():
-        if is_dataclass(get_type_hints(Config).get(name)) and not isinstance(value, (dict, DictConfig)):
+        section = get_type_hints(Config).get(name)
+        if is_dataclass(section) and not isinstance(value, (dict, DictConfig)):
+            example = fields(section)[0].name
             raise ConfigError(
                 f"{where}: bad value {value!r} for '{name}'; allowed: a mapping of {name}.* keys, e.g. "
-                f"'{name}: {{{next(iter(get_type_hints(get_type_hints(Config)[name])))}: ...}}'"
+                f"'{name}: {{{example}: ...}}'"
             )
     try:
         return OmegaConf.merge(node, data)

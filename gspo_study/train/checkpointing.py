@@ -62,16 +62,14 @@ def run_dir(cfg: Config) -> Path:
 def run_lock(cfg: Config):
     """Held while a process trains this run (rank 0 of a distributed job; the other ranks follow it): a second
     process on the same run is refused instead of logging every step twice and overwriting its checkpoints.
-    An OS file lock, so a killed process releases it; the file is in `<temp dir>/gspo_study-locks-<user>/`, named by a hash of
-    the run's results path and key, because the lock is taken before any input is checked and bad input
-    must write nothing under `results_dir`."""
+    An OS file lock, so a killed process releases it; the file is in `<temp dir>/gspo_study-locks-<user>/`,
+    named by a hash of the run's results path and key, because the lock is taken before any input is checked
+    and bad input must write nothing under `results_dir`."""
     if int(os.environ.get("RANK", "0")) != 0:
         yield
         return
     where = hashlib.sha256(f"{cfg.out_dir.resolve()}:{run_key(cfg)}".encode()).hexdigest()[:16]
-    locks = (
-        Path(tempfile.gettempdir()) / f"gspo_study-locks-{getpass.getuser()}"
-    )  # per user: no shared dir modes
+    locks = Path(tempfile.gettempdir()) / f"gspo_study-locks-{getpass.getuser()}"  # per user: no shared modes
     locks.mkdir(exist_ok=True)
     lock = FileLock(locks / f"{where}.lock")
     try:
@@ -181,10 +179,8 @@ def save_run_checkpoint(ctx) -> Path:
     }
     # ZeRO-3: the whole weights, gathered layer by layer onto rank 0's CPU (a collective: every rank joins)
     full = ctx.backend.full_state_dict() if hasattr(ctx.backend, "full_state_dict") else None
-    if ctx.rank == 0:
-        save_pretrained(
-            ctx.model, ctx.tokenizer, path, extra=extra, state_dict=full
-        )  # atomic: the commit point
+    if ctx.rank == 0:  # atomic: the commit point
+        save_pretrained(ctx.model, ctx.tokenizer, path, extra=extra, state_dict=full)
     if ctx.world > 1:
         torch.distributed.barrier()  # nobody deletes or resumes before the commit
     if ctx.rank == 0 and ctx.state.zero_tag:  # older tags are no longer referenced
