@@ -7,8 +7,9 @@ Each RL step:
      or the rollout engine's own (`algo.old_logprobs: rollout`, §5.4);
   4. split the batch into `num_minibatches` and update once per minibatch (update 1 is on-policy,
      the rest off-policy, as in §5.1), micro-batching with whole-minibatch denominators;
-  5. telemetry: routing volatility of the updated policy vs π_old on the same rollout, train–inference
-     mismatch; then periodic evaluation, MLflow logging and checkpoints.
+  5. telemetry: routing volatility of the updated policy vs π_old on the same rollout, the share of the
+     importance log-ratio that is routing (what R2 removes), train–inference mismatch; then periodic
+     evaluation, MLflow logging and checkpoints.
 
 Every random draw is keyed by (seed, step, purpose), so for a seed every algorithm sees the same prompts
 and sampling streams, and a resumed run needs no saved RNG state. Metric names and formulas:
@@ -40,6 +41,7 @@ from gspo_study.moe import (
     mismatch_metrics,
     record_routing,
     replay_routing,
+    routing_share,
     routing_volatility,
 )
 from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
@@ -234,16 +236,45 @@ def update(ctx: Context, batch, adv, old_lp, replay, step: int) -> dict[str, flo
     return out
 
 
+def route_baseline(
+    ctx: Context, batch: RolloutBatch, train_lp: torch.Tensor, natural_old: RoutingTrace | None
+) -> tuple[torch.Tensor, RoutingTrace] | None:
+    """π_old's log-probs and routing with its routers free, for the routing-share instrument: the π_old pass's
+    own output, except under R3, whose π_old pass replays the rollout's routing (then one more free pass,
+    telemetry), so the instrument reads the same whatever the run's replay mode. None without MoE layers."""
+    if natural_old is None:
+        return None
+    if ctx.cfg.algo.routing_replay == "r3":
+        return policy_pass(ctx, batch, None)
+    return train_lp, natural_old
+
+
 def telemetry(
-    ctx: Context, batch: RolloutBatch, natural_old: RoutingTrace | None, train_lp: torch.Tensor
+    ctx: Context,
+    batch: RolloutBatch,
+    natural_old: RoutingTrace | None,
+    train_lp: torch.Tensor,
+    baseline: tuple[torch.Tensor, RoutingTrace] | None,
+    adv: torch.Tensor,
 ) -> dict[str, float]:
-    """Routing volatility (updated policy vs π_old, same rollout) and train–inference mismatch."""
+    """After the step's last update, on its rollout: routing volatility (updated policy vs π_old), the share of
+    the importance log-ratio that is routing (`moe/route/*`), and train–inference mismatch."""
     out = {}
     mask = batch.response_mask
     if natural_old is not None:
-        _, natural_new = policy_pass(ctx, batch, None)
+        new_lp, natural_new = policy_pass(ctx, batch, None)
         vol = routing_volatility(natural_old, natural_new, mask)
         out.update({f"moe/routing_volatility/{k}": v for k, v in vol.items()})
+        old_lp, old_routing = baseline
+        new_lp_old_routing, _ = policy_pass(ctx, batch, old_routing)
+        share = routing_share(
+            old_logprobs=old_lp,
+            new_logprobs=new_lp,
+            new_logprobs_old_routing=new_lp_old_routing,
+            advantages=adv,
+            mask=mask,
+        )
+        out.update({f"moe/route/{k}": v for k, v in share.items()})
     mm = mismatch_metrics(train_lp, batch.rollout_logprobs, mask)
     out.update({f"mismatch/{k}": v for k, v in mm.items()})
     return out
@@ -284,12 +315,15 @@ def rl_step(ctx: Context, step: int) -> dict[str, float]:
     pass_start = time.time()
     old_lp, train_lp, natural_old, replay = old_policy(ctx, batch)
     telemetry_s = 0.0 if old_pass_trains(ctx.cfg) else time.time() - pass_start
+    baseline_start = time.time()
+    baseline = route_baseline(ctx, batch, train_lp, natural_old)
+    telemetry_s += time.time() - baseline_start
     metrics = rollout_metrics(ctx.cfg, rewards, batch)
     metrics["rollout/reward_errors"] = float(reward_errors)
     metrics.update(update(ctx, batch, adv, old_lp, replay, step))
     # telemetry (below, and the π_old pass when only telemetry uses it) is diagnostics, not training compute
     seconds = time.time() - start - telemetry_s
-    metrics.update(telemetry(ctx, batch, natural_old, train_lp))
+    metrics.update(telemetry(ctx, batch, natural_old, train_lp, baseline, adv))
     metrics.update(compute_metrics(ctx, batch, seconds))
     ctx.samples_text = [
         f"[{r:.0f}] {p.prompt}{t!r}" for p, t, r in zip(rows[:16], batch.response_texts, rewards.tolist())

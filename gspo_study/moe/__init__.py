@@ -17,7 +17,7 @@ from gspo_study.moe.routing import (
     replay_routing,
 )
 from gspo_study.moe.trace import RoutingTrace
-from gspo_study.moe.volatility import changed_choices, mismatch_metrics, routing_volatility
+from gspo_study.moe.volatility import changed_choices, mismatch_metrics, routing_share, routing_volatility
 
 __all__ = [
     "ROUTING_REPLAY_MODES",
@@ -30,5 +30,6 @@ __all__ = [
     "moe_layers",
     "record_routing",
     "replay_routing",
+    "routing_share",
     "routing_volatility",
 ]

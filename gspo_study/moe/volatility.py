@@ -96,3 +96,72 @@ def mismatch_metrics(
 
 def _share(num: float, den: int) -> float:
     return float(num) / den if den else 0.0
+
+
+# The paper's clip ranges (§5.1), at which the instrument asks whether routing alone flips a clip decision.
+GRPO_CLIP = (0.2, 0.27)
+GSPO_CLIP = (3e-4, 4e-4)
+
+
+def _clipped(log_ratio: torch.Tensor, advantages: torch.Tensor, clip: tuple[float, float]) -> torch.Tensor:
+    """PPO's clip decision in log space: Â > 0 and r > 1 + ε_high, or Â < 0 and r < 1 − ε_low."""
+    low, high = clip
+    return ((advantages > 0) & (log_ratio > math.log1p(high))) | (
+        (advantages < 0) & (log_ratio < math.log1p(-low))
+    )
+
+
+@torch.no_grad()
+def routing_share(
+    *,
+    old_logprobs: torch.Tensor,
+    new_logprobs: torch.Tensor,
+    new_logprobs_old_routing: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    """How much of the importance log-ratio is routing: the part R2 removes (docs/METRICS.md, `moe/route/*`).
+
+    ℓ_t = log π_θ(y_t; own routing) − log π_old(y_t; own routing) splits into a policy part
+    ℓ^pol_t = log π_θ(y_t; π_old's routing) − log π_old(y_t) and a routing part
+    ℓ^route_t = log π_θ(y_t; own routing) − log π_θ(y_t; π_old's routing). All tensors [B, T] over the same
+    positions (advantages [B]); reductions over valid tokens (`mask`), or responses with at least one.
+    Returns |ℓ^route| mean / max, Var ℓ^route, Var ℓ and the share Var ℓ^route / Var ℓ, the mean over responses
+    of |mean_t ℓ^route| (what GSPO's sequence ratio sees), and the share of tokens (GRPO's clip range) and of
+    responses (GSPO's s_i and clip range) whose clip decision differs between ℓ and ℓ^pol.
+    """
+    valid = mask.bool()
+    zero = torch.zeros((), dtype=torch.float64, device=valid.device)
+    old = torch.where(valid, old_logprobs.double(), zero)
+    new = torch.where(valid, new_logprobs.double(), zero)
+    new_old_route = torch.where(valid, new_logprobs_old_routing.double(), zero)
+    total, route = new - old, new - new_old_route
+    policy = new_old_route - old
+    n_tok = int(valid.sum())
+    seqs = valid.any(-1)
+    lengths = valid.sum(-1).clamp(min=1)
+    adv = advantages.double()
+    tok_adv = torch.where(valid, adv[:, None].expand_as(valid), zero)
+    flips_tok = valid & (_clipped(total, tok_adv, GRPO_CLIP) != _clipped(policy, tok_adv, GRPO_CLIP))
+    seq_total, seq_policy, seq_route = (x.sum(-1) / lengths for x in (total, policy, route))
+    flips_seq = seqs & (_clipped(seq_total, adv, GSPO_CLIP) != _clipped(seq_policy, adv, GSPO_CLIP))
+    var_route, var_total = _masked_var(route, valid), _masked_var(total, valid)
+    return {
+        "abs_mean": _share(float(route.abs().sum()), n_tok),
+        "abs_max": float(route.abs().max()) if n_tok else 0.0,
+        "var": var_route,
+        "total_var": var_total,
+        "var_share": var_route / var_total if var_total > 0 else 0.0,
+        "seq_abs_mean": _share(float(torch.where(seqs, seq_route.abs(), zero).sum()), int(seqs.sum())),
+        "clip_flip_token": _share(int(flips_tok.sum()), n_tok),
+        "clip_flip_seq": _share(int(flips_seq.sum()), int(seqs.sum())),
+    }
+
+
+def _masked_var(values: torch.Tensor, valid: torch.Tensor) -> float:
+    """Population variance over the valid entries, two-pass (0 for fewer than one)."""
+    n = int(valid.sum())
+    if n == 0:
+        return 0.0
+    mean = torch.where(valid, values, 0.0).sum() / n
+    return float(torch.where(valid, (values - mean) ** 2, 0.0).sum() / n)
