@@ -86,6 +86,8 @@ class RolloutConfig:
     sharded: bool = False  # each rank generates its share of the batch, every response from its own random
     # stream, so the tokens do not depend on the world size (paper configs); False: one stream per batch
     vllm_gpu_memory_utilization: float = 0.4  # vllm: its share of each GPU (weights + KV cache)
+    policy_lag: int = 0  # k: rollouts and π_old (its log-probs, R2's routing) come from the policy of k steps
+    # ago, as in asynchronous RL (prime-rl max_off_policy_steps); 0: synchronous (gspo_study.train.lag)
 
 
 @dataclass
@@ -371,6 +373,15 @@ def validate(cfg: Config) -> None:
             t.micro_batch_size >= 1,
             f"bad value {t.micro_batch_size} for 'train.micro_batch_size'; allowed: an integer >= 1",
         )
+    _require(
+        isinstance(r.policy_lag, int) and r.policy_lag >= 0,
+        f"bad value {r.policy_lag!r} for 'rollout.policy_lag'; allowed: an integer >= 0 (steps of staleness)",
+    )
+    _require(
+        r.policy_lag == 0 or t.backend == "torch",
+        f"rollout.policy_lag={r.policy_lag} needs train.backend=torch (a ZeRO-sharded model keeps no whole "
+        "stale copy); allowed here: rollout.policy_lag=0",
+    )
     u = r.vllm_gpu_memory_utilization
     _require(
         0 < u <= 1, f"bad value {u} for 'rollout.vllm_gpu_memory_utilization'; allowed: a number in (0, 1]"

@@ -61,6 +61,7 @@ from gspo_study.train.checkpointing import (
 )
 from gspo_study.train.dist import gather, init_distributed
 from gspo_study.train.forward import token_logprobs
+from gspo_study.train.lag import SNAPSHOTS, PolicyLag
 from gspo_study.train.torch_backend import TorchBackend
 
 
@@ -85,6 +86,12 @@ class Context:
     rank: int = 0  # this process's rank (deepspeed backend); rank 0 logs and checkpoints
     world: int = 1
     samples_text: list[str] = field(default_factory=list)
+    lag: PolicyLag | None = None  # rollout.policy_lag > 0: the stale behaviour policy
+
+    @property
+    def behaviour(self):
+        """The policy that generates the rollout and gives π_old: the trainer's model, or its stale copy."""
+        return self.model if self.lag is None else self.lag.model
 
 
 # ---------------------------------------------------------------------------------------------- phases
@@ -94,7 +101,7 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
         cfg.rollout.prompts_per_step, random.Random(derive_seed(cfg.seed, step, "prompts"))
     )
     rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
-    ctx.engine.sync(ctx.model, gather=getattr(ctx.backend, "gathered_parameters", None))  # ZeRO-3: whole
+    ctx.engine.sync(ctx.behaviour, gather=getattr(ctx.backend, "gathered_parameters", None))  # ZeRO-3: whole
     recorder = record_routing(ctx.engine.model) if cfg.algo.routing_replay == "r3" else None
     if not cfg.rollout.sharded:  # one random stream for the batch; every rank generates all of it
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
@@ -122,22 +129,23 @@ def chunks(n: int, size: int | None) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def policy_pass(
-    ctx: Context, batch: RolloutBatch, replay: RoutingTrace | None
+    ctx: Context, batch: RolloutBatch, replay: RoutingTrace | None, model=None
 ) -> tuple[torch.Tensor, RoutingTrace | None]:
-    """Log-probs of the whole batch under the current policy (no grad) and its natural routing (None for a
-    model without MoE layers)."""
+    """Log-probs of the whole batch under `model` (default: the current policy; no grad) and its natural
+    routing (None for a model without MoE layers)."""
+    model = ctx.model if model is None else model
     lps, traces = [], []
-    moe = has_moe(ctx.model)
+    moe = has_moe(model)
     for rows in chunks(len(batch), ctx.cfg.train.micro_batch_size):
         if replay is None:
-            with record_routing(ctx.model) if moe else nullcontext() as trace:
+            with record_routing(model) if moe else nullcontext() as trace:
                 lp, _ = token_logprobs(
-                    ctx.model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
+                    model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
                 )
         else:
-            with replay_routing(ctx.model, replay.select(rows), record_natural=True) as handle:
+            with replay_routing(model, replay.select(rows), record_natural=True) as handle:
                 lp, _ = token_logprobs(
-                    ctx.model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
+                    model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
                 )
             trace = handle.natural
         lps.append(lp)
@@ -158,7 +166,7 @@ def old_policy(
     """(old_logprobs used by the objective, training-engine π_old log-probs, π_old's natural routing,
     the routing to replay during updates or None)."""
     mode = ctx.cfg.algo.routing_replay
-    train_lp, natural = policy_pass(ctx, batch, batch.routing if mode == "r3" else None)
+    train_lp, natural = policy_pass(ctx, batch, batch.routing if mode == "r3" else None, ctx.behaviour)
     replay = {"none": None, "r2": natural, "r3": batch.routing}[mode]
     old_lp = batch.rollout_logprobs if ctx.cfg.algo.old_logprobs == "rollout" else train_lp
     return old_lp, train_lp, natural, replay
@@ -245,7 +253,7 @@ def route_baseline(
     if natural_old is None:
         return None
     if ctx.cfg.algo.routing_replay == "r3":
-        return policy_pass(ctx, batch, None)
+        return policy_pass(ctx, batch, None, ctx.behaviour)
     return train_lp, natural_old
 
 
@@ -309,6 +317,8 @@ def compute_metrics(ctx: Context, batch: RolloutBatch, seconds: float) -> dict[s
 
 def rl_step(ctx: Context, step: int) -> dict[str, float]:
     start = time.time()
+    if ctx.lag is not None:
+        ctx.lag.advance(ctx.model)
     rows, batch = rollout(ctx, step)
     rewards, reward_errors = score(ctx.task, rows, batch)
     adv = group_advantages(rewards, ctx.cfg.rollout.group_size, ctx.cfg.algo.advantage_eps)
@@ -377,7 +387,12 @@ def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
         aggregation=cfg.algo.aggregation,
     )
     r = cfg.rollout
-    engine = make_engine(r.engine, model, tokenizer, r.dtype, r.vllm_gpu_memory_utilization)
+    lag = None
+    if r.policy_lag:  # a resumed run takes the stale weights its checkpoint kept
+        saved = PolicyLag.load(run_dir(cfg) / "checkpoint" / SNAPSHOTS) if state.step > 0 else []
+        lag = PolicyLag(model, r.policy_lag, saved)
+    behaviour = model if lag is None else lag.model
+    engine = make_engine(r.engine, behaviour, tokenizer, r.dtype, r.vllm_gpu_memory_utilization)
     return Context(
         cfg=cfg,
         model=model,
@@ -391,6 +406,7 @@ def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
         flops_per_token=float(active_params(model.config)),
         rank=rank,
         world=world,
+        lag=lag,
     )
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +37,29 @@ def save_pretrained(
     for p in state_dict.values() if state_dict is not None else model.parameters():
         if not torch.isfinite(p).all():
             raise CheckpointError(f"refusing to write checkpoint {path}: model has non-finite weights")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
+    with atomic_directory(path) as tmp:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra or {}).items():
             if name.endswith(".json"):
                 (tmp / name).write_text(json.dumps(obj, indent=1, sort_keys=True))
+            elif callable(obj):  # a writer, e.g. of a safetensors file: obj(path)
+                obj(tmp / name)
             else:
                 torch.save(obj, tmp / name)
+    return path
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `path` to fill; on success mark it complete and rename it to `path` (a
+    previous `path` is replaced, via `.old`); on any error delete it. A kill leaves what
+    `finish_interrupted_save` settles."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
         (tmp / COMPLETE_MARKER).write_text("ok\n")
         old = path.with_name(f".{path.name}.old")
         if path.exists():
@@ -54,7 +70,6 @@ def save_pretrained(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return path
 
 
 def finish_interrupted_save(path: str | Path) -> None:

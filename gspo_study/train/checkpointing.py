@@ -29,6 +29,7 @@ from gspo_study.models import finish_interrupted_save, load_pretrained, save_pre
 from gspo_study.runtime import DTYPES
 from gspo_study.tracking import run_key, run_name
 from gspo_study.train.dist import init_distributed
+from gspo_study.train.lag import SNAPSHOTS
 
 RUN_CONFIG = "run_config.json"  # the run's whole config, in each run checkpoint (JSON is YAML: a config file)
 
@@ -176,6 +177,7 @@ def save_run_checkpoint(ctx) -> Path:
         "trainer_state.json": asdict(ctx.state),
         RUN_CONFIG: OmegaConf.to_container(OmegaConf.structured(ctx.cfg)),  # what `eval --checkpoint` reads
         **({"optimizer.pt": optim} if optim is not None else {}),
+        **({SNAPSHOTS: ctx.lag.save} if getattr(ctx, "lag", None) is not None else {}),  # stale policies
     }
     # ZeRO-3: the whole weights, gathered layer by layer onto rank 0's CPU (a collective: every rank joins)
     full = ctx.backend.full_state_dict() if hasattr(ctx.backend, "full_state_dict") else None
