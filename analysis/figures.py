@@ -22,6 +22,7 @@ if __package__ in (None, ""):  # run as a script (the Makefile does): make `anal
 import pandas as pd  # noqa: E402
 
 from analysis.common import (  # noqa: E402
+    COLUMNS,
     PASS1,
     REWARD,
     MissingRunError,
@@ -156,8 +157,65 @@ def figure_8(s: Study) -> list[Panel]:
     return panels
 
 
+ROUTE = "moe/route"  # the routing-share instrument (docs/METRICS.md)
+LAG = "rollout.policy_lag"
+INSTRUMENT = {"share": f"{ROUTE}/var_share", "flip_token": f"{ROUTE}/clip_flip_token",
+              "flip_seq": f"{ROUTE}/clip_flip_seq", "vol": f"{VOL}/overall"}  # fmt: skip
+
+
+def lag_table(s: Study) -> pd.DataFrame:
+    """One row per tracked run of a policy-lag sweep: run, seed, lag, held-out pass@1 at its last step, reward
+    averaged over its last evaluation interval (as analysis/report.py), and the instrument and routing
+    volatility averaged over its steps."""
+    rows = []
+    for r in s.runs:
+        f = s.frame[s.frame.run_id == r.run_id]
+        p = f[f.metric == PASS1].sort_values("step")
+        start = r.cfg.train.steps - r.cfg.eval.every if r.cfg.eval.every > 0 else 0
+        reward = f[(f.metric == REWARD) & (f.step > start)].value.mean()
+        means = {k: f[f.metric == m].value.mean() for k, m in INSTRUMENT.items()}
+        rows.append(dict(run=r.run, seed=r.seed, lag=r.cfg.rollout.policy_lag, cell=f"{LAG}={r.cfg.rollout.policy_lag}",
+                         final=p.value.iat[-1], final_step=p.step.iat[-1], reward=reward, **means))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def figure_9(s: Study) -> list[Panel]:
+    """(a, b) GRPO without − with R2, seed-paired, against routing's share of the log-ratio variance (GRPO
+    without replay's), one point per lag; (c–e) the instrument and volatility against the lag, per run."""
+    t = lag_table(s).set_index(["run", "lag", "seed"]).sort_index()
+    panels = []
+    for panel, (col, what) in zip("ab", (("final", "final held-out pass@1"), ("reward", "final reward"))):
+        rows = []
+        for lag in sorted({lag for _, lag, _ in t.index}):
+            if not {("grpo", lag), ("grpo_r2", lag)} <= {(run, la) for run, la, _ in t.index}:
+                continue
+            d = (t.loc[("grpo", lag)][col] - t.loc[("grpo_r2", lag)][col]).dropna()
+            mean, lo, hi, n = mean_ci(d)
+            rows.append(csv_row(panel=panel, kind="point", series="GRPO (no replay) − GRPO + R2", run="grpo",
+                                metric=f"{PASS1 if col == 'final' else REWARD} difference", x_name=INSTRUMENT["share"],
+                                x=float(t.loc[("grpo", lag)].share.mean()), step=int(t.loc[("grpo", lag)].final_step.max()),
+                                mean=mean, lower=lo, upper=hi, n_seeds=n, cell=f"{LAG}={lag}"))  # fmt: skip
+        panels.append(Panel(pd.DataFrame(rows, columns=COLUMNS), f"({panel}) {what}: no replay − R2",
+                            "difference (paired by seed)", "routing's share of Var log-ratio (no replay)"))  # fmt: skip
+    for panel, keys, title, ylabel in (
+        ("c", ["share"], "(c) routing's share of Var log-ratio", "Var ℓ^route / Var ℓ"),
+        ("d", ["flip_token", "flip_seq"], "(d) clip decisions routing flips", "fraction"),
+        ("e", ["vol"], "(e) routing volatility per step", "changed expert choices"),
+    ):
+        rows = []
+        for key in keys:
+            for (run, lag), g in t.groupby(level=["run", "lag"], sort=False):
+                mean, lo, hi, n = mean_ci(g[key])
+                rows.append(csv_row(panel=panel, kind="curve", series=label(run), run=run, metric=INSTRUMENT[key],
+                                    x_name=LAG, x=float(lag), step=int(g.final_step.max()), mean=mean, lower=lo,
+                                    upper=hi, n_seeds=n))  # fmt: skip
+        panels.append(Panel(pd.DataFrame(rows, columns=COLUMNS), title, ylabel, "policy lag (steps)"))
+    return panels
+
+
 FIGURES = {1: figure_1, 2: figure_2, 3: figure_3, 4: figure_4, 5: figure_5, 6: figure_6, 7: figure_7}
 FIGURES[8] = figure_8
+FIGURES[9] = figure_9
 
 
 def _cat(*frames):

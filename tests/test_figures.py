@@ -320,3 +320,43 @@ def test_parallel_jobs_train_the_same_runs(study, smoke_results, tmp_path):
     for key in want:
         assert keep(got[key]) == keep(want[key]), key
     assert (tmp_path / "smoke" / "runs").is_dir() and len(list((tmp_path / "smoke" / "runs").iterdir())) == 4
+
+
+def test_figure_9_policy_lag_sweep(smoke_results, tmp_path):
+    """Figure 9 at the smoke scale: every lag × run × seed trained once; panels (a, b) are GRPO without − with
+    R2 paired by seed against the no-replay runs' mean routing share, (c–e) seed statistics of the instrument
+    and volatility per lag, each recomputed here from MLflow."""
+    overrides = (
+        f"results_dir={tmp_path}",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart",
+    )
+    cfgs = run_figure(9, "smoke", SEEDS, overrides)
+    assert len({run_key(c) for c in cfgs}) == len(cfgs) == 2 * 3 * len(SEEDS)
+    csv = pd.read_csv(figures.make_figure(9, "smoke", SEEDS, overrides)[2])
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    pairs = figure_configs(9, "smoke", SEEDS, overrides)
+    hist = {  # (run, lag, seed) -> metric -> {step: value}; one lag's runs at a time (histories() keys by seed)
+        (name, lag, seed): h
+        for lag in (0, 2)
+        for (name, seed), h in histories(client, [p for p in pairs if p[1].rollout.policy_lag == lag]).items()
+    }
+
+    def per_run(name, lag, fn):  # seed order
+        return [fn(hist[(name, lag, seed)]) for seed in SEEDS]
+
+    last_pass = lambda h: h[mlflow_key(PASS1)][max(h[mlflow_key(PASS1)])]  # noqa: E731
+    mean_of = lambda m: lambda h: float(np.mean(list(h[m].values())))  # noqa: E731
+    a = csv[csv.panel == "a"]
+    assert len(a) == 2 and set(a.cell) == {"rollout.policy_lag=0", "rollout.policy_lag=2"}
+    for r in a.itertuples():
+        lag = int(r.cell.rsplit("=", 1)[1])
+        diffs = [x - y for x, y in zip(per_run("grpo", lag, last_pass), per_run("grpo_r2", lag, last_pass))]
+        assert all(close(u, v) for u, v in zip((r.mean, r.lower, r.upper, r.n_seeds), seed_stats(diffs)))
+        assert close(r.x, float(np.mean(per_run("grpo", lag, mean_of("moe/route/var_share")))))
+    d = csv[(csv.panel == "d") & (csv.metric == "moe/route/clip_flip_token")]
+    assert len(d) == 6  # 3 runs × 2 lags
+    for r in d.itertuples():
+        want = seed_stats(per_run(r.run, int(r.x), mean_of("moe/route/clip_flip_token")))
+        assert all(close(u, v) for u, v in zip((r.mean, r.lower, r.upper, r.n_seeds), want))
+    assert set(csv.panel) == set("abcde")
