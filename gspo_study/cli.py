@@ -1,4 +1,4 @@
-"""`python -m gspo_study {sft,train,eval,sweep}`: the command line.
+"""`python -m gspo_study {sft,train,eval,sweep,prune}`: the command line.
 
 Every user mistake (bad config key or value, missing file, wrong checkpoint) ends with a one-line
 message on stderr and exit status 2 — no traceback, nothing half-written.
@@ -88,6 +88,22 @@ def _cmd_sweep(args) -> None:
     run_figure(args.figure, args.scale, seeds, tuple(args.overrides), jobs=args.jobs)
 
 
+def _cmd_prune(args) -> None:
+    from gspo_study.models.prune import prune
+
+    plan = prune(
+        args.src,
+        args.dst,
+        layers=args.layers,
+        experts=args.experts,
+        layer_select=args.layer_select,
+        expert_select=args.expert_select,
+        top_k=args.top_k,
+        calibration=args.calibration,
+    )
+    print(f"{args.dst}: source layers {plan.layers}, {args.experts} experts per MoE layer, top-{plan.top_k}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gspo_study", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -120,6 +136,18 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--jobs", type=int, default=1, help="runs trained at once, sharing the `threads` budget")
     w.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run")
     w.set_defaults(fn=_cmd_sweep)
+    r = sub.add_parser("prune", help="a local Qwen3-MoE checkpoint cut to N layers and E experts per layer")
+    r.add_argument("src", help="local Qwen3-MoE checkpoint directory")
+    r.add_argument("dst", help="new directory for the pruned checkpoint")
+    r.add_argument("--layers", type=int, required=True, help="decoder layers kept, N")
+    r.add_argument("--experts", type=int, required=True, help="experts kept per MoE layer, E")
+    r.add_argument("--layer-select", default="first", help="first | spaced | comma list of source layers")
+    r.add_argument(
+        "--expert-select", help="usage (default with --calibration) | norm (default) | comma list | JSON file"
+    )
+    r.add_argument("--calibration", help="text file (one sample a line) or .jsonl ('text') for usage counts")
+    r.add_argument("--top-k", type=int, help="active experts per token (default: min(source top-k, E))")
+    r.set_defaults(fn=_cmd_prune)
     return p
 
 
