@@ -1,0 +1,46 @@
+"""Run identity: every tracked run keeps its `run_key` as the code changes.
+
+tests/golden/run_keys.json holds the keys of every figure's runs (each scale, sweep cell and seeds 1-5) and of
+every run × ablation file at seed 1, computed by the code at f2162fb (the tracked CPU study's commit; the few
+combinations that are now refused at load, a preset override on a checkpoint path, were dropped). A new config
+field must keep these keys at its default (`tracking.LATER_KNOBS`): if this test fails, a change moved the
+identity of runs that exist and would silently re-train them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gspo_study.config import load_config
+from gspo_study.study import EXPERIMENTS, _items, run_config
+from gspo_study.tracking import run_key
+
+GOLDEN = Path(__file__).parent / "golden" / "run_keys.json"
+
+
+def current_key(label: str) -> str:
+    scale, run, seed, *rest = label.split()
+    seed = int(seed.removeprefix("seed="))
+    if rest and rest[0] == "+":
+        abl = EXPERIMENTS / rest[1]
+        return run_key(load_config([EXPERIMENTS / scale / "base.yaml", EXPERIMENTS / "runs" / f"{run}.yaml", abl],
+                                   [f"seed={seed}"]))  # fmt: skip
+    return run_key(run_config(scale, run, seed, tuple(rest)))
+
+
+def test_every_pinned_run_keeps_its_key():
+    golden = json.loads(GOLDEN.read_text())
+    assert len(golden) > 500
+    moved = {label: (key, current_key(label)) for label, key in golden.items() if current_key(label) != key}
+    assert not moved, f"{len(moved)} runs changed identity, e.g. {next(iter(moved.items()))}"
+
+
+def test_golden_file_covers_every_figure_at_the_cpu_scale():
+    golden = json.loads(GOLDEN.read_text())
+    for figure in range(1, 9):
+        labels = {
+            " ".join(["cpu", run, f"seed={seed}", *cell])
+            for cell, run, seed in _items(figure, "cpu", [1, 2, 3])
+        }
+        assert labels <= golden.keys(), figure
