@@ -18,9 +18,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-
-class ConfigError(ValueError):
-    """A configuration mistake; the message is one line meant for the user."""
+from gspo_study.errors import ConfigError  # noqa: F401  (defined below config, where tasks import it)
 
 
 @dataclass
@@ -303,6 +301,19 @@ def coldstart_name(cfg: Config) -> str:
         f"-{tag}{getattr(cfg.model, key)}" for key, tag in tags.items() if getattr(cfg.model, key)
     )
     return cfg.sft.output + suffix
+
+
+def coldstart_overrides(cfg: Config) -> tuple[str, ...]:
+    """The overrides that give the cold start a run starts from: its model's shape, every preset-override key
+    with its value (the preset's own when the run does not override it). Stated in full because the cold-start
+    recipe sits on the scale's base, which may override the preset itself (the CPU base is 16 layers deep on
+    the 8-layer preset): an 8-layer cell must not get the base's 16-layer cold start."""
+    if cfg.model.path is not None:
+        return ()
+    from gspo_study.models import PRESETS
+
+    preset = PRESETS[cfg.model.preset]
+    return tuple(f"model.{key}={getattr(cfg.model, key) or preset[key]}" for key in PRESET_OVERRIDES)
 
 
 def _get(cfg: Config, dotted: str) -> Any:

@@ -21,9 +21,15 @@ from pathlib import Path
 
 import yaml
 
-from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, coldstart_name, load_config
+from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this module's interface)
+    Config,
+    ConfigError,
+    coldstart_name,
+    coldstart_overrides,
+    load_config,
+)
+from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this module's interface)
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "paper": [1]}
 
 
@@ -50,14 +56,6 @@ def parse_seeds(text: str | None, scale: str) -> list[int]:
         return [int(s) for s in str(text).replace(",", " ").split()]
     except ValueError:
         raise ConfigError(f"bad SEEDS {text!r}; allowed: integers separated by commas or spaces") from None
-
-
-def scale_base(scale: str, experiments: Path = EXPERIMENTS) -> Path:
-    path = experiments / scale / "base.yaml"
-    if not path.is_file():
-        allowed = sorted(p.parent.name for p in experiments.glob("*/base.yaml"))
-        raise ConfigError(f"unknown scale {scale!r}; allowed: {', '.join(allowed)}")
-    return path
 
 
 def run_config(
@@ -126,19 +124,6 @@ def base_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     apply to both (e.g. `results_dir=...`, or another depth)."""
     model = coldstart_overrides(load_config(scale_base(scale), list(overrides)))
     return ensure_coldstart(scale, (*overrides, *model))
-
-
-def coldstart_overrides(cfg: Config) -> tuple[str, ...]:
-    """The overrides that give the cold start a run starts from: its model's shape, every preset-override key
-    with its value (the preset's own when the run does not override it). Stated in full because the cold-start
-    recipe sits on the scale's base, which may override the preset itself (the CPU base is 16 layers deep on
-    the 8-layer preset): an 8-layer cell must not get the base's 16-layer cold start."""
-    if cfg.model.path is not None:
-        return ()
-    from gspo_study.models import PRESETS
-
-    preset = PRESETS[cfg.model.preset]
-    return tuple(f"model.{key}={getattr(cfg.model, key) or preset[key]}" for key in PRESET_OVERRIDES)
 
 
 def run_figure(

@@ -100,7 +100,7 @@ def variant(cfg: Config) -> str:
     """What sets a run apart from its scale's base config beyond what `run_name` says, e.g.
     `model.num_hidden_layers=16 train.lr=4e-05` for a figure-8 cell: added to the MLflow run name and tagged
     `variant`, so that runs of a sweep or an ablation sharing a name (`gspo-nr-s1`) tell apart."""
-    from gspo_study.study import scale_base
+    from gspo_study.paths import scale_base
 
     try:
         base = identity(load_config(scale_base(cfg.scale)))

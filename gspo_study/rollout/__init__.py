@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gspo_study.rollout.base import RolloutBatch, position_ids_from_mask
-from gspo_study.rollout.hf import HFEngine, encode_prompts
+from gspo_study.rollout.base import RolloutBatch, encode_prompts, position_ids_from_mask
+from gspo_study.rollout.hf import HFEngine
 
 
 def make_engine(name: str, model, tokenizer, dtype: str = "float32", gpu_memory_utilization: float = 0.4):

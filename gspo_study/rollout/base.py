@@ -16,6 +16,17 @@ import torch
 import torch.nn.functional as F
 
 
+def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids (BOS first when the tokenizer has one) and their attention mask."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    ids = [bos + tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    width = max(len(x) for x in ids)
+    pad = tokenizer.pad_token_id
+    seq = torch.tensor([[pad] * (width - len(x)) + x for x in ids], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], dtype=torch.long)
+    return seq, mask
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding, used identically by generation and training forwards."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -89,8 +100,6 @@ def merge_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
 
 def teacher_forced_batch(tokenizer, prompts: list[str], responses: list[str]) -> RolloutBatch:
     """Given responses (+ EOS) laid out like a rollout: for SFT and for scoring fixed responses."""
-    from gspo_study.rollout.hf import encode_prompts
-
     seq, prompt_mask = encode_prompts(tokenizer, prompts)
     resp = [tokenizer(r, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in responses]
     width = max(len(r) for r in resp)

@@ -16,20 +16,9 @@ import torch
 from transformers import DynamicCache
 
 from gspo_study.errors import NonFiniteError
-from gspo_study.rollout.base import RolloutBatch, position_ids_from_mask
+from gspo_study.rollout.base import RolloutBatch, encode_prompts, position_ids_from_mask  # noqa: F401 (re-exported)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids (BOS first when the tokenizer has one) and their attention mask."""
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    ids = [bos + tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-    width = max(len(x) for x in ids)
-    pad = tokenizer.pad_token_id
-    seq = torch.tensor([[pad] * (width - len(x)) + x for x in ids], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], dtype=torch.long)
-    return seq, mask
 
 
 class HFEngine:

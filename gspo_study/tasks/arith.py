@@ -19,7 +19,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from gspo_study.config import ConfigError
+from gspo_study.errors import ConfigError
 from gspo_study.tasks.base import Problem
 
 EVAL_SEED = 20250717  # fixed: the held-out list never depends on the run's seed

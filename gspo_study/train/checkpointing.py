@@ -108,7 +108,7 @@ def require_start(cfg: Config) -> Path:
     """The run's initial checkpoint; a one-line error naming the command that makes it when it is missing."""
     start = init_checkpoint(cfg)
     if not start.exists():
-        from gspo_study.study import coldstart_overrides
+        from gspo_study.config import coldstart_overrides
 
         shape = " ".join(coldstart_overrides(cfg))
         raise ConfigError(
