@@ -58,6 +58,19 @@ bench: install
 	$(PY) benchmarks/bench_replay.py --threads 1 --out results/bench_replay.json
 	$(PY) benchmarks/bench_rl.py --threads 2 --out results/bench.json
 
+# The prepared GPU check (benchmarks/gpu_check.py; <= 8 min on one CUDA GPU, results.json + summary.txt in GPU_OUT):
+# the HF engine and GSPO / GRPO +- R2 on a 48-layer, 128-expert, top-8 miniature in bf16, routing volatility per
+# update, the vLLM GPU tests when vllm imports. gpu-bundle: the wheels it needs besides torch (gpu_bundle/, ~45 MiB),
+# for a GPU machine with Python GPU_PYTHON, torch and no network; benchmarks/gpu_check.sh installs them there.
+.PHONY: gpu-bundle gpu-check
+GPU_OUT ?= results/gpu_check
+GPU_PYTHON ?= 3.12
+gpu-bundle: install
+	$(PY) benchmarks/gpu_bundle.py --dest gpu_bundle --python-version $(GPU_PYTHON)
+
+gpu-check:
+	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash benchmarks/gpu_check.sh $(GPU_OUT)
+
 mlflow-ui: install
 	@echo "Runs table: http://127.0.0.1:$(PORT)/#/experiments/<id>/runs   charts: .../#/experiments/<id>/chart"
 	$(VENV)/bin/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --host 127.0.0.1 --port $(PORT)

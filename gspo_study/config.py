@@ -65,6 +65,8 @@ class AlgoConfig:
     objective: str = "gspo"  # registered objective: gspo | grpo | gspo_token | cispo ...
     clip_low: float | None = None  # ε_low; None takes the objective's paper default
     clip_high: float | None = None  # ε_high; None takes the objective's paper default
+    hparams: dict[str, float] = field(default_factory=dict)  # the objective's own hyperparameters by name,
+    # e.g. {tau_pos: 1.0, tau_neg: 1.05} for sapo (each objective's dataclass, gspo_study/objectives/algorithms.py)
     aggregation: str = (
         "seq_mean"  # seq_mean (paper: token mean per response, mean over responses) | token_mean (DAPO)
     )
@@ -303,6 +305,13 @@ def coldstart_name(cfg: Config) -> str:
     return cfg.sft.output + suffix
 
 
+def objective_hparams(cfg: Config) -> dict[str, float]:
+    """The objective's hyperparameters the config sets: `algo.hparams`, and `algo.clip_low` / `algo.clip_high`
+    when given (the clip range of the objectives that have one)."""
+    clip = {k: getattr(cfg.algo, k) for k in ("clip_low", "clip_high") if getattr(cfg.algo, k) is not None}
+    return {**clip, **cfg.algo.hparams}
+
+
 def coldstart_overrides(cfg: Config) -> tuple[str, ...]:
     """The overrides that give the cold start a run starts from: its model's shape, every preset-override key
     with its value (the preset's own when the run does not override it). Stated in full because the cold-start
@@ -334,7 +343,7 @@ def validate(cfg: Config) -> None:
         _require(
             value in allowed, f"bad value {value!r} for '{key}'; allowed: {', '.join(map(str, allowed))}"
         )
-    from gspo_study.objectives import OBJECTIVES
+    from gspo_study.objectives import OBJECTIVES, get_objective
     from gspo_study.tasks import TASKS
 
     _require(
@@ -359,6 +368,10 @@ def validate(cfg: Config) -> None:
         _require(
             cfg.algo.clip_low <= 1, f"bad value {cfg.algo.clip_low!r} for 'algo.clip_low'; allowed: [0, 1]"
         )
+    try:  # the objective's own checks: names and ranges of its hyperparameters
+        get_objective(cfg.algo.objective, cfg.algo.aggregation, **objective_hparams(cfg))
+    except ValueError as exc:
+        raise ConfigError(f"algo.objective={cfg.algo.objective!r}: {exc}") from None
     r, t = cfg.rollout, cfg.train
     _require(
         r.group_size >= 2,

@@ -39,7 +39,8 @@ NON_IDENTITY = (
 # default — once thought not to change numbers, it does (evaluation draws its samples chunk by chunk from one
 # random stream), so any other value is a different run.
 LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10,
-               "rollout.sharded": False, "eval.batch_size": 256, "rollout.policy_lag": 0}  # fmt: skip
+               "rollout.sharded": False, "eval.batch_size": 256, "rollout.policy_lag": 0,
+               "algo.hparams": {}}  # fmt: skip
 # Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
 # grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
 # on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).
@@ -88,7 +89,7 @@ def identity(cfg: Config) -> dict[str, Any]:
     """Everything in the config that changes a run's numbers, flat."""
     flat = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NON_IDENTITY)}
     flat = {k: v for k, v in flat.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
-    return {k: SAME_NUMBERS.get(k, {}).get(v, v) for k, v in flat.items()}
+    return {k: SAME_NUMBERS[k].get(v, v) if k in SAME_NUMBERS else v for k, v in flat.items()}
 
 
 def run_key(cfg: Config) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from gspo_study.config import Config, ConfigError
+from gspo_study.config import Config, ConfigError, objective_hparams
 from gspo_study.errors import NonFiniteError
 from gspo_study.evaluate import evaluate, score
 from gspo_study.models.checkpoint import fingerprint
@@ -380,12 +380,7 @@ def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
             backend.load_state_dict(None)  # a checkpoint from before ZeRO state was saved: fresh optimizer
     elif optim_state is not None:
         backend.load_state_dict(optim_state)
-    objective = get_objective(
-        cfg.algo.objective,
-        clip_low=cfg.algo.clip_low,
-        clip_high=cfg.algo.clip_high,
-        aggregation=cfg.algo.aggregation,
-    )
+    objective = get_objective(cfg.algo.objective, cfg.algo.aggregation, **objective_hparams(cfg))
     r = cfg.rollout
     lag = None
     if r.policy_lag:  # a resumed run takes the stale weights its checkpoint kept

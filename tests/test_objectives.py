@@ -10,6 +10,7 @@ import torch
 
 from gspo_study.objectives import (
     METRIC_NAMES,
+    ClipRange,
     OBJECTIVES,
     batch_normalizer,
     combine_metrics,
@@ -54,8 +55,10 @@ def clip(v, lo, hi):
     return min(max(v, 1 - lo), 1 + hi)
 
 
-def reference(name: str, batch: dict, lo: float, hi: float, aggregation: str):
-    """Loss and gradient straight from the formulas, one response and one token at a time, in float64."""
+def reference(name: str, batch: dict, p, aggregation: str):
+    """Loss and gradient straight from the formulas, one response and one token at a time, in float64;
+    `p` the objective's hyperparameters."""
+    lo, hi = getattr(p, "clip_low", None), getattr(p, "clip_high", None)
     mask = batch["mask"]
     lengths = [int(n) for n in mask.sum(-1)]
     lp = batch["logprobs"].detach().clone().requires_grad_()
@@ -84,6 +87,18 @@ def reference(name: str, batch: dict, lo: float, hi: float, aggregation: str):
             for t in range(n):
                 w = torch.exp(lp[i, t] - old[i, t]).detach()
                 tokens.append(clip(w, lo, hi) * a[t] * lp[i, t])
+        elif name == "sapo":  # arXiv 2511.20347: (4/τ) σ(τ (w − 1)) Â, τ by the advantage's sign
+            for t in range(n):
+                w = torch.exp(lp[i, t] - old[i, t])
+                tau = p.tau_pos if a[t] > 0 else p.tau_neg
+                tokens.append(4.0 / tau * torch.sigmoid(tau * (w - 1)) * a[t])
+        elif name == "gmpo":  # arXiv 2507.20673: geometric mean of log-clipped token ratios
+            logs = []
+            for t in range(n):
+                sg = torch.sign(a[t])
+                x = sg * (lp[i, t] - old[i, t])
+                logs.append(sg * torch.minimum(x, x.clamp(-p.log_clip, p.log_clip)))
+            tokens = [sum(a) / n * torch.exp(sum(logs) / n)] * n  # J_i counted per token below
         seq_sum = sum(tokens)
         total = total + (seq_sum / n if aggregation == "seq_mean" else seq_sum)
     loss = -total / (n_seq if aggregation == "seq_mean" else n_tok)
@@ -102,7 +117,7 @@ def test_matches_float64_reference(name, noise, aggregation):
     for token_adv in (False, True):
         batch = make_batch(noise, seed=1, token_adv=token_adv)
         loss, metrics, grad = run(obj, batch)
-        ref_loss, ref_grad = reference(name, batch, obj.clip_low, obj.clip_high, aggregation)
+        ref_loss, ref_grad = reference(name, batch, obj.params, aggregation)
         assert loss.dtype == torch.float64
         torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-12)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-12)
@@ -282,12 +297,19 @@ def test_cispo_caps_weight_but_keeps_gradient():
 
 
 def test_registry_and_arguments():
-    assert {"grpo", "gspo", "gspo_token", "cispo"} <= set(OBJECTIVES)
-    assert (OBJECTIVES["gspo"].clip_low, OBJECTIVES["gspo"].clip_high) == (3e-4, 4e-4)
-    assert (OBJECTIVES["grpo"].clip_low, OBJECTIVES["grpo"].clip_high) == (0.2, 0.27)
+    assert {"grpo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"} <= set(OBJECTIVES)
+    assert OBJECTIVES["gspo"].defaults == ClipRange(3e-4, 4e-4)
+    assert OBJECTIVES["grpo"].defaults == ClipRange(0.2, 0.27)
+    assert (OBJECTIVES["sapo"].defaults.tau_pos, OBJECTIVES["sapo"].defaults.tau_neg) == (1.0, 1.05)
+    assert OBJECTIVES["gmpo"].hyperparameters == ("log_clip",)
     obj = get_objective("gspo", clip_low=0.1, clip_high=0.2, aggregation="token_mean")
-    assert (obj.clip_low, obj.clip_high, obj.aggregation) == (0.1, 0.2, "token_mean")
-    with pytest.raises(ValueError, match="allowed: cispo, grpo, gspo, gspo_token"):
+    assert (obj.params, obj.aggregation) == (ClipRange(0.1, 0.2), "token_mean")
+    assert get_objective("sapo", tau_neg=1.2, tau_pos=None).params.tau_neg == 1.2  # None keeps the default
+    with pytest.raises(ValueError, match="no hyperparameter 'clip_low'; allowed: tau_pos, tau_neg"):
+        get_objective("sapo", clip_low=0.2)
+    with pytest.raises(ValueError, match="allowed: numbers > 0"):
+        get_objective("sapo", tau_neg=-1)
+    with pytest.raises(ValueError, match="allowed: cispo, gmpo, grpo, gspo, gspo_token, sapo"):
         get_objective("ppo")
     with pytest.raises(ValueError, match="allowed: seq_mean, token_mean"):
         get_objective("gspo", aggregation="sum")

@@ -62,6 +62,8 @@ ALGOS = {
     "grpo": ["algo.objective=grpo"],
     "grpo-r2": ["algo.objective=grpo", "algo.routing_replay=r2"],
     "grpo-r3": ["algo.objective=grpo", "algo.routing_replay=r3"],
+    "sapo": ["algo.objective=sapo", "algo.hparams.tau_neg=1.1"],  # an objective's own hyperparameter
+    "gmpo": ["algo.objective=gmpo"],
 }
 
 

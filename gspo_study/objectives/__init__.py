@@ -1,6 +1,7 @@
 """Policy-gradient objectives (GRPO, GSPO, GSPO-token, CISPO) as pure tensor functions, with metrics.
 
-    objective = get_objective("gspo")                 # paper defaults; clip_low/clip_high/aggregation optional
+    objective = get_objective("gspo")                 # paper defaults; aggregation and hyperparameters optional
+    objective = get_objective("sapo", tau_neg=1.1)    # each objective owns its hyperparameters
     loss, metrics = objective(logprobs=lp, old_logprobs=old_lp, advantages=adv, mask=mask)
 
 `loss` is a scalar to minimise (the negative objective), `metrics` a dict of floats (docs/METRICS.md).
@@ -17,6 +18,7 @@ from gspo_study.objectives.core import (
     MAX_LOG_RATIO,
     METRIC_NAMES,
     OBJECTIVES,
+    ClipRange,
     Objective,
     ObjectiveSpec,
     PolicyInputs,
@@ -34,6 +36,7 @@ __all__ = [
     "zero_std_group_frac",
     "AGGREGATIONS",
     "MAX_LOG_RATIO",
+    "ClipRange",
     "METRIC_NAMES",
     "OBJECTIVES",
     "Objective",

@@ -1,25 +1,30 @@
-"""The registered policy objectives, one small function each (formulas: /work/shared/PAPER.md).
+"""The registered policy objectives, one small function each, with the hyperparameters each one owns.
 
-Each function maps masked inputs (`PolicyInputs`: padding already zeroed, log-ratios clamped) to the term
-to maximise; aggregation, the loss sign, normalisation and metrics are shared (`core`). To add an
-algorithm, write one more function here and decorate it with `@register(name, clip_low=..., clip_high=...)`.
+Each function maps masked inputs (`PolicyInputs`: padding already zeroed, log-ratios clamped) and its own
+hyperparameter dataclass to the term to maximise; aggregation, the loss sign, normalisation and metrics are
+shared (`core`). Formulas: docs/METRICS.md and the papers cited. To add an algorithm, write one more function
+here (and, if it needs hyperparameters other than a clip range, a frozen dataclass with one documented field
+each), and decorate it with `@register(name, defaults)`; `algo.objective: <name>` then selects it and
+`algo.hparams.<field>=...` (or `algo.clip_low` / `algo.clip_high` for a `ClipRange`) sets its fields.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from gspo_study.objectives.core import PolicyInputs, Surrogate, ppo_clip, register
+from gspo_study.objectives.core import ClipRange, PolicyInputs, Surrogate, ppo_clip, register
 
 
-@register("grpo", clip_low=0.2, clip_high=0.27)  # GSPO paper §5.1's GRPO clip range
-def grpo(x: PolicyInputs, *, clip_low: float, clip_high: float) -> Surrogate:
+@register("grpo", ClipRange(0.2, 0.27))  # GSPO paper §5.1's GRPO clip range
+def grpo(x: PolicyInputs, p: ClipRange) -> Surrogate:
     """GRPO: per token min(w_it Â_it, clip(w_it) Â_it), w_it = π_θ(y_it)/π_old(y_it); returns [B, T]."""
-    return ppo_clip(torch.exp(x.log_ratio), x.token_advantages, clip_low, clip_high)
+    return ppo_clip(torch.exp(x.log_ratio), x.token_advantages, p.clip_low, p.clip_high)
 
 
-@register("gspo", clip_low=3e-4, clip_high=4e-4)  # GSPO paper §5.1
-def gspo(x: PolicyInputs, *, clip_low: float, clip_high: float) -> Surrogate:
+@register("gspo", ClipRange(3e-4, 4e-4))  # GSPO paper §5.1
+def gspo(x: PolicyInputs, p: ClipRange) -> Surrogate:
     """GSPO: per response min(s_i Â_i, clip(s_i) Â_i), s_i = exp(mean_t log w_it); returns [B].
 
     The term stays per response (averaged over responses), never broadcast over tokens and summed, which
@@ -27,11 +32,11 @@ def gspo(x: PolicyInputs, *, clip_low: float, clip_high: float) -> Surrogate:
     (exact for group advantages, which are constant along a response); use gspo_token for genuinely
     per-token advantages.
     """
-    return ppo_clip(torch.exp(x.seq_log_ratio), x.seq_advantages, clip_low, clip_high)
+    return ppo_clip(torch.exp(x.seq_log_ratio), x.seq_advantages, p.clip_low, p.clip_high)
 
 
-@register("gspo_token", clip_low=3e-4, clip_high=4e-4)  # GSPO paper's token-level variant, GSPO's clip range
-def gspo_token(x: PolicyInputs, *, clip_low: float, clip_high: float) -> Surrogate:
+@register("gspo_token", ClipRange(3e-4, 4e-4))  # GSPO paper's token-level variant, GSPO's clip range
+def gspo_token(x: PolicyInputs, p: ClipRange) -> Surrogate:
     """GSPO-token: s_it = sg[s_i] · π_θ(y_it)/sg[π_θ(y_it)] in the GRPO-style per-token term; returns [B, T].
 
     s_it equals s_i in value (so clipping is decided by s_i) while its gradient is s_i ∇log π_θ(y_it);
@@ -39,20 +44,78 @@ def gspo_token(x: PolicyInputs, *, clip_low: float, clip_high: float) -> Surroga
     """
     s_i = torch.exp(x.seq_log_ratio).detach()
     s_it = s_i[:, None] * torch.exp(x.logprobs - x.logprobs.detach())
-    return ppo_clip(s_it, x.token_advantages, clip_low, clip_high)
+    return ppo_clip(s_it, x.token_advantages, p.clip_low, p.clip_high)
 
 
 # MiniMax-M1 (arXiv 2506.13585) sets no lower bound ("ε_low^IS large") and tunes only ε_high^IS without
 # publishing it; ε_low = 1 (lower bound 0, never active) and ε_high = 0.28 follow Trinity-RFT's defaults.
-@register("cispo", clip_low=1.0, clip_high=0.28)
-def cispo(x: PolicyInputs, *, clip_low: float, clip_high: float) -> Surrogate:
+@register("cispo", ClipRange(1.0, 0.28))
+def cispo(x: PolicyInputs, p: ClipRange) -> Surrogate:
     """CISPO: per token sg[clip(w_it, 1-ε_low, 1+ε_high)] Â_it log π_θ(y_it); returns [B, T].
 
     Clipping caps the (detached) IS weight but never removes a token's gradient; `clipped_*` flag tokens
     whose weight was capped, whatever the sign of Â.
     """
     ratio = torch.exp(x.log_ratio)
-    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
+    weight = ratio.clamp(1.0 - p.clip_low, 1.0 + p.clip_high).detach()
     return Surrogate(
-        weight * x.token_advantages * x.logprobs, ratio < 1.0 - clip_low, ratio > 1.0 + clip_high
+        weight * x.token_advantages * x.logprobs, ratio < 1.0 - p.clip_low, ratio > 1.0 + p.clip_high
+    )
+
+
+@dataclass(frozen=True)
+class SapoParams:
+    """SAPO's soft gate (arXiv 2511.20347; defaults as the paper, TRL, verl and torchforge)."""
+
+    tau_pos: float = 1.0  # gate temperature for tokens with Â > 0 (larger: the gate closes faster)
+    tau_neg: float = 1.05  # gate temperature for Â <= 0 (the paper keeps it above tau_pos: negative updates
+    # are the less stable ones)
+
+    def __post_init__(self):
+        if not (self.tau_pos > 0 and self.tau_neg > 0):
+            raise ValueError(f"bad SAPO temperatures ({self.tau_pos}, {self.tau_neg}); allowed: numbers > 0")
+
+
+@register("sapo", SapoParams())
+def sapo(x: PolicyInputs, p: SapoParams) -> Surrogate:
+    """SAPO: per token (4/τ) σ(τ (w_it − 1)) Â_it, τ = τ_pos if Â_it > 0 else τ_neg; returns [B, T].
+
+    A smooth gate instead of a hard clip: its gradient is 4 σ(1 − σ) ∇w_it Â_it, equal to the plain
+    policy gradient on-policy (w = 1) and fading as w leaves 1. Nothing is clipped, so the clip flags are all
+    false and `policy/clip_frac/*` are 0 for SAPO (docs/METRICS.md).
+    """
+    ratio = torch.exp(x.log_ratio)
+    tau = torch.where(x.token_advantages > 0, ratio.new_tensor(p.tau_pos), ratio.new_tensor(p.tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    never = torch.zeros_like(x.mask)
+    return Surrogate(gate * x.token_advantages, never, never)
+
+
+@dataclass(frozen=True)
+class GmpoParams:
+    """GMPO's clip on token log-ratios (arXiv 2507.20673; default as its paper and code: ±0.4 in log space)."""
+
+    log_clip: float = 0.4  # |log w_it| bound on the side that would increase the objective (see `gmpo`)
+
+    def __post_init__(self):
+        if not self.log_clip > 0:
+            raise ValueError(f"bad GMPO log_clip {self.log_clip}; allowed: a number > 0")
+
+
+@register("gmpo", GmpoParams())
+def gmpo(x: PolicyInputs, p: GmpoParams) -> Surrogate:
+    """GMPO: per response Â_i · exp(mean_t sgn(Â_i) min(sgn(Â_i) ℓ_it, clamp(sgn(Â_i) ℓ_it, ±log_clip))); [B].
+
+    The geometric mean of the token ratios, each clipped in log space where it would push the objective up
+    (sgn(Â) ℓ > log_clip: that token's ratio gets no gradient); on the other side the pessimistic min keeps it.
+    """
+    sign = torch.sign(x.token_advantages)
+    signed = sign * x.log_ratio
+    clipped = torch.minimum(signed, signed.clamp(-p.log_clip, p.log_clip))
+    seq_log_ratio = torch.where(x.mask, sign * clipped, 0.0).sum(-1) / x.lengths
+    beyond = x.mask & (signed > p.log_clip)
+    return Surrogate(
+        x.seq_advantages * torch.exp(seq_log_ratio),
+        beyond & (x.token_advantages < 0),
+        beyond & (x.token_advantages > 0),
     )

@@ -1,9 +1,12 @@
 """Shared machinery of the policy objectives: registry, input masking, aggregation, metrics.
 
-An algorithm is one small function `surrogate(x: PolicyInputs, *, clip_low, clip_high) -> Surrogate`
-registered with `@register(name, clip_low=..., clip_high=...)`. It returns the term to maximise, either
-per response ([B], e.g. GSPO's min(s_i Â_i, clip(s_i) Â_i)) or per token ([B, T], the GRPO-style double
-sum), plus which tokens or responses were clipped. Everything else lives here, once, for every algorithm:
+An algorithm is one small function `surrogate(x: PolicyInputs, p) -> Surrogate` registered with
+`@register(name, defaults)`, where `defaults` is an instance of the algorithm's own frozen dataclass of
+hyperparameters (`ClipRange(clip_low, clip_high)` for PPO-style clipping; SAPO's temperatures, GMPO's log-space
+clip, …), each field documented where it is defined. It returns the term to maximise, either per response ([B],
+e.g. GSPO's min(s_i Â_i, clip(s_i) Â_i)) or per token ([B, T], the GRPO-style double sum), plus which tokens or
+responses were clipped. `get_objective(name, aggregation, **hyperparameters)` binds it, a value of None keeping
+the default. Everything else lives here, once, for every algorithm:
 
 - Inputs (`prepare`): computed in float32, or in the input's precision when it is higher (float64 inputs
   stay float64, so tests can compare against float64 references). Padding may hold anything, NaN and inf
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import torch
 from torch import Tensor
@@ -91,25 +94,45 @@ SurrogateFn = Callable[..., Surrogate]
 
 
 @dataclass(frozen=True)
+class ClipRange:
+    """PPO-style trust region of the importance ratio: [1 − clip_low, 1 + clip_high]."""
+
+    clip_low: float  # ε_low, in [0, 1] (1: no lower bound)
+    clip_high: float  # ε_high, >= 0
+
+    def __post_init__(self):
+        if not (0 <= self.clip_low <= 1 and 0 <= self.clip_high < 10):
+            raise ValueError(
+                f"bad clip range ({self.clip_low}, {self.clip_high}); allowed: clip_low in [0, 1], clip_high in [0, 10)"
+            )
+
+
+@dataclass(frozen=True)
 class ObjectiveSpec:
-    """A registered algorithm: its surrogate function and its default clip range."""
+    """A registered algorithm: its surrogate function and its default hyperparameters (a frozen dataclass)."""
 
     name: str
     surrogate: SurrogateFn
-    clip_low: float
-    clip_high: float
+    defaults: object
+
+    @property
+    def hyperparameters(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.defaults))
 
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {}
 
 
-def register(name: str, *, clip_low: float, clip_high: float) -> Callable[[SurrogateFn], SurrogateFn]:
-    """Decorator adding `surrogate` to OBJECTIVES under `name` with its default (ε_low, ε_high)."""
+def register(name: str, defaults) -> Callable[[SurrogateFn], SurrogateFn]:
+    """Decorator adding `surrogate` to OBJECTIVES under `name`, with `defaults`: an instance of its own frozen
+    dataclass of hyperparameters (e.g. `ClipRange(0.2, 0.27)`)."""
+    if not is_dataclass(defaults) or isinstance(defaults, type):
+        raise TypeError(f"objective {name!r}: defaults must be a dataclass instance, got {defaults!r}")
 
     def add(surrogate: SurrogateFn) -> SurrogateFn:
         if name in OBJECTIVES:
             raise ValueError(f"objective {name!r} is already registered")
-        OBJECTIVES[name] = ObjectiveSpec(name, surrogate, clip_low, clip_high)
+        OBJECTIVES[name] = ObjectiveSpec(name, surrogate, defaults)
         return surrogate
 
     return add
@@ -198,12 +221,11 @@ def aggregate(objective: Tensor, x: PolicyInputs, aggregation: str) -> Tensor:
 
 @dataclass(frozen=True)
 class Objective:
-    """A registered algorithm bound to a clip range and an aggregation; call it to get (loss, metrics)."""
+    """A registered algorithm bound to its hyperparameters and an aggregation; call it to get (loss, metrics)."""
 
     name: str
     surrogate: SurrogateFn
-    clip_low: float
-    clip_high: float
+    params: object  # the algorithm's hyperparameter dataclass (e.g. ClipRange)
     aggregation: str = "seq_mean"
 
     def __call__(
@@ -222,7 +244,7 @@ class Objective:
         pass `self.batch_normalizer(minibatch_mask)`.
         """
         x = prepare(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
-        surrogate = self.surrogate(x, clip_low=self.clip_low, clip_high=self.clip_high)
+        surrogate = self.surrogate(x, self.params)
         if normalizer is None:
             normalizer = batch_normalizer(x.mask, self.aggregation)
         loss = -aggregate(surrogate.objective, x, self.aggregation) / normalizer
@@ -233,19 +255,25 @@ class Objective:
         return batch_normalizer(mask, self.aggregation)
 
 
-def get_objective(
-    name: str, clip_low: float | None = None, clip_high: float | None = None, aggregation: str = "seq_mean"
-) -> Objective:
-    """The registered objective `name`; a None clip bound takes the algorithm's default."""
+def get_objective(name: str, aggregation: str = "seq_mean", **hyperparameters) -> Objective:
+    """The registered objective `name` with its hyperparameters; a missing or None one keeps the algorithm's
+    default, one the algorithm does not have is a ValueError naming those it has."""
     if name not in OBJECTIVES:
         raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(sorted(OBJECTIVES))}")
     _check_aggregation(aggregation)
     spec = OBJECTIVES[name]
-    low = spec.clip_low if clip_low is None else float(clip_low)
-    high = spec.clip_high if clip_high is None else float(clip_high)
-    if not (low >= 0 and high >= 0):
-        raise ValueError(f"bad clip range ({low}, {high}) for {name!r}; allowed: numbers >= 0")
-    return Objective(name, spec.surrogate, low, high, aggregation)
+    given = {k: v for k, v in hyperparameters.items() if v is not None}
+    unknown = sorted(set(given) - set(spec.hyperparameters))
+    if unknown:
+        raise ValueError(
+            f"objective {name!r} has no hyperparameter {', '.join(map(repr, unknown))}; allowed: "
+            f"{', '.join(spec.hyperparameters)}"
+        )
+    bad = {k: v for k, v in given.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+    if bad:
+        raise ValueError(f"hyperparameters of {name!r} are numbers; got {bad}")
+    return Objective(name, spec.surrogate, replace(spec.defaults, **{k: float(v) for k, v in given.items()}),
+                     aggregation)  # fmt: skip
 
 
 def _check_aggregation(aggregation: str) -> None:

@@ -1,0 +1,537 @@
+"""The prepared GPU check (issue 24): in one command, what the CPU tests cannot prove, written to one folder.
+
+    python benchmarks/gpu_check.py --out DIR                      # one CUDA GPU, ≤ 8 minutes
+    python benchmarks/gpu_check.py --out DIR --device cpu --tiny  # the same code at a tiny size (tests)
+    bash benchmarks/gpu_check.sh DIR   # a bare GPU machine (Python + torch + driver): installs gpu_bundle/ first
+
+Parts (each is recorded as ok / skipped / failed with its numbers; one failing does not stop the others):
+- `env`: torch, CUDA device, bf16 support, versions; whether vllm and deepspeed import.
+- `coldstart`: a short SFT of a deep, wide miniature Qwen3-MoE — 48 layers, 128 experts, top-8, like
+  Qwen3-30B-A3B, with hidden size 128 — on the smoke task (2-term 1-digit addition), so RL has a signal.
+- `hf_engine`: the HF rollout engine on CUDA in bf16 (its own bf16 copy of the fp32 trainer weights, as
+  `rollout.dtype: bfloat16`): tokens/s, peak memory, the same seed giving the same tokens, rollout log-probs
+  against the training forward (the §5.4 mismatch: k3, extreme-token share), and the routing recorded during
+  generation (R3) against the training forward's routing.
+- `rl`: GSPO, GRPO + R2 and GRPO from the same cold start, a few RL steps each, with the trainer's own
+  functions (`trainer.policy_pass`, `trainer.update_minibatch`, 4 minibatches per rollout batch); training
+  forwards in bf16 autocast over fp32 master weights. Routing volatility is measured after *every update*
+  (the routers' natural choices on the step's rollout, before vs after that one optimizer step: the paper's
+  ≈ 10 % "after one gradient update" for the 48-layer model) as well as per RL step (π_old vs after the
+  step's 4 updates, what the suite logs as `moe/routing_volatility/*`).
+- `vllm`: `tests/test_vllm_engine.py -k GPU` (the real engine in bf16, weight sync, R3 routing) when vllm and
+  pytest import; else skipped with one line.
+- `deepspeed`: not part of this check (the suite's DeepSpeed paths run under torchrun and log to MLflow); the
+  line says whether deepspeed imports.
+
+Writes DIR/results.json (everything) and DIR/summary.txt (a few lines). Needs no MLflow, no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import platform
+import random
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gspo_study.config import load_config  # noqa: E402
+from gspo_study.evaluate import score  # noqa: E402
+from gspo_study.models import build_char_tokenizer, build_model  # noqa: E402
+from gspo_study.models.presets import active_params  # noqa: E402
+from gspo_study.moe import mismatch_metrics, record_routing, routing_volatility  # noqa: E402
+from gspo_study.objectives import get_objective, group_advantages  # noqa: E402
+from gspo_study.rollout import HFEngine  # noqa: E402
+from gspo_study.rollout.base import teacher_forced_batch  # noqa: E402
+from gspo_study.sft import lr_lambda, sft_loss  # noqa: E402
+from gspo_study.tasks import get_task  # noqa: E402
+from gspo_study.train import checkpointing  # noqa: E402
+from gspo_study.train.forward import token_logprobs  # noqa: E402
+from gspo_study.train.torch_backend import TorchBackend  # noqa: E402
+
+PAPER_VOLATILITY_PER_UPDATE = 0.10  # §5.3: ~10% of activated experts differ after one update (48 layers)
+
+# The miniature: Qwen3-30B-A3B's routing shape (48 layers, 128 experts, top-8) at a small width.
+SHAPES = {
+    "mini": dict(
+        num_hidden_layers=48,
+        num_experts=128,
+        num_experts_per_tok=8,
+        hidden_size=128,
+        moe_intermediate_size=64,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
+    "tiny": dict(
+        num_hidden_layers=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        hidden_size=32,
+        moe_intermediate_size=16,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    ),
+}
+# Sizes per shape: cold-start steps and batch, RL steps, prompts × group, lr, HF-engine batch.
+SIZES = {
+    "mini": dict(
+        sft_steps=300, sft_batch=64, sft_lr=2e-3, rl_steps=8, prompts=16, group=8, lr=1e-4, gen_batch=256
+    ),
+    "tiny": dict(
+        sft_steps=150, sft_batch=32, sft_lr=1e-2, rl_steps=2, prompts=8, group=4, lr=1e-3, gen_batch=16
+    ),
+}
+RUNS = ("gspo", "grpo_r2", "grpo")  # experiments/runs/<name>.yaml
+VLLM_RESERVE_S = 180.0  # seconds kept for the vLLM tests when vllm is installed (engine start-up included)
+EXPERTS_FALLBACK = ("grouped_mm_index", "grouped_mm", "batched_mm", "eager")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+class Check:
+    """Runs the parts, keeps their results, writes them."""
+
+    def __init__(self, out: Path, budget_s: float):
+        self.out, self.budget_s, self.start = out, budget_s, time.time()
+        self.results: dict[str, dict] = {}
+
+    def left(self) -> float:
+        return self.budget_s - (time.time() - self.start)
+
+    def part(self, name: str, fn, *args):
+        t0 = time.time()
+        say(f"[{name}] ...")
+        try:
+            res = fn(*args)
+            status = res.pop("status", "ok")
+        except Exception as exc:  # noqa: BLE001 - a failed part is a result, the next part still runs
+            res = {
+                "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+                "trace": traceback.format_exc(),
+            }
+            status = "failed"
+        res = {"status": status, "seconds": round(time.time() - t0, 2), **res}
+        self.results[name] = res
+        say(
+            f"[{name}] {status} in {res['seconds']:.1f} s"
+            + (f": {res.get('reason') or res.get('error')}" if status != "ok" else "")
+        )
+        self.write()
+        return res
+
+    def write(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=float))
+        (self.out / "summary.txt").write_text(summary(self.results))
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def autocast(device: torch.device):
+    """bf16 compute for training forwards on CUDA (fp32 master weights); nothing on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def peak_gb(device: torch.device) -> float | None:
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if device.type == "cuda" else None
+
+
+def config(run: str, sizes: dict, overrides: list[str]):
+    base = ROOT / "experiments" / "smoke" / "base.yaml"
+    return load_config(
+        [base, ROOT / "experiments" / "runs" / f"{run}.yaml"],
+        [
+            f"rollout.prompts_per_step={sizes['prompts']}",
+            f"rollout.group_size={sizes['group']}",
+            "rollout.dtype=bfloat16",
+            f"train.lr={sizes['lr']}",
+            "train.num_minibatches=4",
+            f"train.steps={sizes['rl_steps']}",
+            *overrides,
+        ],
+    )
+
+
+def build(shape: str, device: torch.device, seed: int, experts: str):
+    tok = build_char_tokenizer()
+    model = build_model("qwen3-moe-smoke", tok, seed, experts_implementation=experts, **SHAPES[shape])
+    return model.to(device), tok
+
+
+def pick_experts_kernel(shape: str, device: torch.device, wanted: str) -> tuple[str, list[str]]:
+    """The first experts kernel (from `wanted` on) whose forward + backward runs here under autocast."""
+    tried = []
+    order = [wanted, *[k for k in EXPERTS_FALLBACK if k != wanted]]
+    for impl in order:
+        try:
+            model, _ = build("tiny", device, 0, impl)
+            ids = torch.randint(4, 25, (2, 8), device=device)
+            with autocast(device):
+                model(ids).logits.float().sum().backward()
+            return impl, tried
+        except Exception as exc:  # noqa: BLE001 - a kernel this torch/GPU lacks: try the next
+            tried.append(f"{impl}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    raise RuntimeError(f"no experts kernel runs here: {tried}")
+
+
+# ---------------------------------------------------------------------------------------------- parts
+def part_env(device: torch.device) -> dict:
+    import transformers
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(device),
+        "vllm_importable": importlib.util.find_spec("vllm") is not None,
+        "deepspeed_importable": importlib.util.find_spec("deepspeed") is not None,
+        "mlflow_importable": importlib.util.find_spec("mlflow") is not None,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            memory_gb=round(props.total_memory / 2**30, 1),
+            bf16=torch.cuda.is_bf16_supported(),
+            cuda=torch.version.cuda,
+        )
+    return out
+
+
+def part_coldstart(state: dict) -> dict:
+    """SFT from scratch on the smoke task's correct traces; leaves the weights in `state['weights']`."""
+    device, sizes, seed = state["device"], state["sizes"], state["seed"]
+    model, tok = build(state["shape"], device, seed, state["experts"])
+    task = get_task(config("gspo", sizes, []).task)
+    opt = torch.optim.AdamW(model.parameters(), lr=sizes["sft_lr"])
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambda(min(20, sizes["sft_steps"] // 5), sizes["sft_steps"])
+    )
+    losses, t0 = [], time.time()
+    steps = sizes["sft_steps"]
+    for step in range(steps):
+        if time.time() - t0 > state["sft_budget_s"]:
+            break
+        probs = task.sample_train(sizes["sft_batch"], random.Random(seed * 100_003 + step))
+        batch = teacher_forced_batch(tok, [p.prompt for p in probs], [task.sft_target(p) for p in probs])
+        with autocast(device):
+            loss = sft_loss(model, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    state["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state["tokenizer"] = tok
+    engine = HFEngine(model, tok, dtype="bfloat16")
+    held = task.sample_train(64, random.Random(-seed))  # fresh draws (the smoke task holds out only ~11)
+    gen = torch.Generator().manual_seed(seed)
+    batch = engine.generate([p.prompt for p in held], 12, 1.0, gen)
+    pass1 = score(task, held, batch)[0].mean().item()
+    state["coldstart_pass1"] = pass1
+    return {
+        "steps": len(losses),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "sampled_pass@1_64_fresh_prompts": pass1,
+        "params_total": sum(p.numel() for p in model.parameters()),
+        "params_active_per_token": active_params(model.config),
+        "experts_implementation": state["experts"],
+        "peak_gpu_gb": peak_gb(device),
+    }
+
+
+def _gen(engine, prompts, seed, recorder=None):
+    return engine.generate(prompts, 12, 1.0, torch.Generator().manual_seed(seed), routing_recorder=recorder)
+
+
+def part_hf_engine(state: dict) -> dict:
+    device, sizes = state["device"], state["sizes"]
+    model, tok = build(state["shape"], device, state["seed"], state["experts"])
+    model.load_state_dict(state["weights"])
+    task = get_task(config("gspo", sizes, []).task)
+    probs = task.sample_train(sizes["gen_batch"], random.Random(7))
+    prompts = [p.prompt for p in probs]
+    engine = HFEngine(model, tok, dtype="bfloat16")  # bf16 copy of the fp32 trainer weights
+    _gen(engine, prompts[:8], 0)  # warm-up (kernels, allocator)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.time()
+    batch = _gen(engine, prompts, 1, record_routing(engine.model))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.time() - t0
+    again = _gen(engine, prompts, 1)
+    mask = batch.response_mask
+    same = torch.equal(batch.sequences, again.sequences)
+    with torch.no_grad(), autocast(device), record_routing(model) as train_routing:
+        train_lp, _ = token_logprobs(model, batch.sequences, batch.attention_mask)
+    with torch.no_grad(), record_routing(engine.model) as engine_routing:
+        engine_lp, _ = token_logprobs(engine.model, batch.sequences, batch.attention_mask)
+    valid = mask.sum().item()
+    return {
+        "batch": len(prompts),
+        "response_tokens": int(batch.response_lengths.sum()),
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(batch.response_lengths.sum().item() / seconds, 1),
+        "same_seed_same_tokens": same,
+        "rollout_vs_bf16_forward_logprob_maxabs": _maxabs(batch.rollout_logprobs, engine_lp, mask),
+        "mismatch_vs_train_forward": mismatch_metrics(train_lp, batch.rollout_logprobs, mask),
+        "r3_trace_vs_bf16_forward_changed": routing_volatility(batch.routing, engine_routing, mask)[
+            "overall"
+        ],
+        "r3_trace_vs_train_forward_changed": routing_volatility(batch.routing, train_routing, mask)[
+            "overall"
+        ],
+        "valid_tokens": int(valid),
+        "peak_gpu_gb": peak_gb(device),
+    }
+
+
+def _maxabs(a, b, mask) -> float:
+    return float(torch.where(mask, (a - b).abs(), torch.zeros_like(a)).max())
+
+
+def _context(run: str, state: dict):
+    from gspo_study.trainer import Context
+
+    cfg = config(run, state["sizes"], [f"seed={state['seed']}"])
+    model, tok = build(state["shape"], state["device"], state["seed"], state["experts"])
+    model.load_state_dict(state["weights"])
+    t = cfg.train
+    return Context(
+        cfg=cfg,
+        model=model,
+        tokenizer=tok,
+        task=get_task(cfg.task),
+        engine=HFEngine(model, tok, dtype=cfg.rollout.dtype),
+        objective=get_objective(cfg.algo.objective, clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high),
+        backend=TorchBackend(model, t.lr, t.weight_decay, t.grad_clip, t.router_lr_scale),
+        tracker=None,
+        state=checkpointing.RunState(),
+        flops_per_token=float(active_params(model.config)),
+    )
+
+
+def rl_step(ctx, step: int, device: torch.device) -> dict:
+    """One RL step as the trainer takes it (recompute π_old; R2 replays its routing), with the routers'
+    natural routing on the step's rollout read after every update."""
+    from gspo_study.trainer import derive_seed, learning_rate, policy_pass, rollout, update_minibatch
+
+    cfg = ctx.cfg
+    t0 = time.time()
+    rows, batch = rollout(ctx, step)
+    rewards, _ = score(ctx.task, rows, batch)
+    adv = group_advantages(rewards, cfg.rollout.group_size, cfg.algo.advantage_eps)
+    with autocast(device):
+        old_lp, natural_old = policy_pass(ctx, batch, None)
+    replay = natural_old if cfg.algo.routing_replay == "r2" else None
+    perm = torch.randperm(
+        len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch"))
+    )
+    mask, prev, per_update, clip = batch.response_mask, natural_old, [], []
+    for rows_mb in perm.chunk(cfg.train.num_minibatches):
+        with autocast(device):
+            metrics, _, _, _ = update_minibatch(
+                ctx, batch, rows_mb, adv, old_lp, replay, learning_rate(cfg, step)
+            )
+            _, natural = policy_pass(ctx, batch, None)
+        vol = routing_volatility(prev, natural, mask)
+        per_update.append({k: vol[k] for k in ("overall", "tokens_any_changed")} | _depth(vol))
+        clip.append(metrics["policy/clip_frac/token"])
+        prev = natural
+    step_vol = routing_volatility(natural_old, prev, mask)
+    return {
+        "reward": rewards.mean().item(),
+        "clip_frac_token": sum(clip) / len(clip),
+        "volatility_per_update": per_update,
+        "volatility_step": {k: step_vol[k] for k in ("overall", "tokens_any_changed")} | _depth(step_vol),
+        "seconds": round(time.time() - t0, 2),
+    }
+
+
+def _depth(vol: dict) -> dict:
+    """First and last quarter of the MoE layers: volatility grows with depth (§5.3)."""
+    layers = sorted(k for k in vol if k.startswith("layer_"))
+    q = max(1, len(layers) // 4)
+    mean = lambda ks: sum(vol[k] for k in ks) / len(ks)  # noqa: E731
+    return {"first_quarter": mean(layers[:q]), "last_quarter": mean(layers[-q:])}
+
+
+def part_rl(state: dict) -> dict:
+    device, out = state["device"], {}
+    for i, run in enumerate(RUNS):
+        budget = (state["check"].left() - state["reserve_s"]) / (len(RUNS) - i) - 5
+        ctx, steps, t0 = _context(run, state), [], time.time()
+        for step in range(1, state["sizes"]["rl_steps"] + 1):  # 1-based, as the trainer counts
+            if steps and (time.time() - t0) * (len(steps) + 1) / len(steps) > budget:
+                break  # the next step would overrun this run's share of the time left
+            steps.append(rl_step(ctx, step, device))
+            say(
+                f"  {run} step {step}: reward {steps[-1]['reward']:.3f}, volatility per update "
+                f"{[round(u['overall'], 4) for u in steps[-1]['volatility_per_update']]}"
+            )
+        per_update = [u["overall"] for s in steps for u in s["volatility_per_update"]]
+        out[run] = {
+            "steps": steps,
+            "mean_volatility_per_update": sum(per_update) / len(per_update),
+            "mean_volatility_per_step": sum(s["volatility_step"]["overall"] for s in steps) / len(steps),
+            "reward_first": steps[0]["reward"],
+            "reward_last": steps[-1]["reward"],
+        }
+        del ctx
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    out["paper_volatility_per_update"] = PAPER_VOLATILITY_PER_UPDATE
+    out["peak_gpu_gb"] = peak_gb(device)
+    return out
+
+
+def part_vllm(state: dict) -> dict:
+    if importlib.util.find_spec("vllm") is None:
+        return {
+            "status": "skipped",
+            "reason": "vllm is not installed (pip install '.[gpu]' on the GPU machine)",
+        }
+    if importlib.util.find_spec("pytest") is None:
+        return {
+            "status": "skipped",
+            "reason": "pytest is not installed (it runs tests/test_vllm_engine.py -k GPU)",
+        }
+    if state["device"].type != "cuda":
+        return {"status": "skipped", "reason": "the vLLM engine needs a CUDA GPU"}
+    timeout = max(60.0, state["check"].left())
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/test_vllm_engine.py",
+        "-k",
+        "GPU",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    return {
+        "status": "ok" if proc.returncode == 0 else "failed",
+        "returncode": proc.returncode,
+        "output_tail": tail,
+    }
+
+
+def part_deepspeed(state: dict) -> dict:
+    there = importlib.util.find_spec("deepspeed") is not None
+    return {
+        "status": "skipped",
+        "reason": f"deepspeed {'imports' if there else 'is not installed'}; its GPU path (torchrun, MLflow) is "
+        "not part of this check",
+    }
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def summary(results: dict) -> str:
+    lines = []
+    env = results.get("env", {})
+    if env:
+        lines.append(
+            f"env: {env.get('gpu', env.get('device'))}, torch {env.get('torch')}, transformers {env.get('transformers')}"
+        )
+    for name, res in results.items():
+        if res.get("status") != "ok":
+            lines.append(f"{name}: {res.get('status')} — {res.get('reason') or res.get('error')}")
+    cs = results.get("coldstart", {})
+    if cs.get("status") == "ok":
+        lines.append(
+            f"coldstart: {cs['steps']} SFT steps, loss {cs['loss_first']:.3f} → {cs['loss_last']:.3f}, sampled pass@1 "
+            f"{cs['sampled_pass@1_64_fresh_prompts']:.3f}; {cs['params_total'] / 1e6:.1f} M params "
+            f"({cs['params_active_per_token'] / 1e6:.2f} M active), experts kernel {cs['experts_implementation']}"
+        )
+    hf = results.get("hf_engine", {})
+    if hf.get("status") == "ok":
+        mm = hf["mismatch_vs_train_forward"]
+        lines.append(
+            f"hf_engine: {hf['tokens_per_s']:.0f} tokens/s ({hf['batch']} prompts), same seed same tokens "
+            f"{hf['same_seed_same_tokens']}, bf16 rollout vs train forward k3 {mm['k3']:.2e}, R3 trace vs training "
+            f"forward: {100 * hf['r3_trace_vs_train_forward_changed']:.2f} % of choices differ"
+        )
+    rl = results.get("rl", {})
+    if rl.get("status") == "ok":
+        for run in RUNS:
+            r = rl[run]
+            lines.append(
+                f"rl {run}: {len(r['steps'])} steps, reward {r['reward_first']:.3f} → {r['reward_last']:.3f}, routing "
+                f"volatility {100 * r['mean_volatility_per_update']:.2f} % per update, "
+                f"{100 * r['mean_volatility_per_step']:.2f} % per step (paper: ≈ 10 % per update)"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="folder for results.json and summary.txt")
+    p.add_argument("--device", default="cuda", help="cuda (default) | cpu")
+    p.add_argument("--tiny", action="store_true", help="4 layers, 8 experts: the CPU test of this script")
+    p.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget; RL runs shorten to fit")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--experts", default="grouped_mm_index", help="experts kernel tried first")
+    p.add_argument(
+        "--lr", type=float, help="RL learning rate (default: 1e-4 for the miniature, as the CPU study)"
+    )
+    p.add_argument("--rl-steps", type=int, help="RL steps per run (default 8; fewer if the budget runs out)")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "error: --device cuda but torch sees no CUDA GPU (use --device cpu --tiny to test the script)",
+            file=sys.stderr,
+        )
+        return 2
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    shape = "tiny" if args.tiny else "mini"
+    check = Check(Path(args.out), args.budget_s)
+    sizes = dict(SIZES[shape])
+    sizes.update({k: v for k, v in (("lr", args.lr), ("rl_steps", args.rl_steps)) if v is not None})
+    state = dict(device=device, shape=shape, sizes=sizes, seed=args.seed, check=check)
+    check.part("env", part_env, device)
+    check.results["env"]["sizes"] = sizes
+    state["experts"], tried = pick_experts_kernel(shape, device, args.experts)
+    check.results["env"]["experts_kernels_failed"] = tried
+    state["sft_budget_s"] = 0.25 * args.budget_s
+    vllm_runs = device.type == "cuda" and importlib.util.find_spec("vllm") is not None
+    state["reserve_s"] = VLLM_RESERVE_S if vllm_runs else 10.0
+    if check.part("coldstart", part_coldstart, state)["status"] == "ok":
+        check.part("hf_engine", part_hf_engine, state)
+        check.part("rl", part_rl, state)
+    check.part("vllm", part_vllm, state)
+    check.part("deepspeed", part_deepspeed, state)
+    check.write()
+    say(summary(check.results))
+    failed = [k for k, v in check.results.items() if v["status"] == "failed"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

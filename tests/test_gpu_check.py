@@ -1,0 +1,73 @@
+"""The prepared GPU check (benchmarks/gpu_check.py) at its tiny size on CPU: every part it can run here runs
+and writes its numbers (routing volatility per update and per step included), the GPU-only parts skip with
+one line, and the bundle's package list covers what the check imports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_tiny_check_on_cpu_writes_every_part(tmp_path):
+    gpu_check = _module("gpu_check")
+    mini = gpu_check.SHAPES["mini"]  # what the GPU runs: Qwen3-30B-A3B's routing shape
+    assert (mini["num_hidden_layers"], mini["num_experts"], mini["num_experts_per_tok"]) == (48, 128, 8)
+    rc = gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--budget-s", "300"])
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert rc == 0, {k: v.get("error") for k, v in res.items()}
+    assert [res[k]["status"] for k in ("env", "coldstart", "hf_engine", "rl")] == ["ok"] * 4
+    assert res["coldstart"]["loss_last"] < res["coldstart"]["loss_first"]
+    hf = res["hf_engine"]
+    assert hf["same_seed_same_tokens"] and hf["response_tokens"] > 0
+    assert hf["r3_trace_vs_bf16_forward_changed"] < 0.01  # generation's routing = the same weights' forward
+    assert 0 <= hf["mismatch_vs_train_forward"]["k3"] < 0.05
+    moved = []
+    for run in gpu_check.RUNS:
+        steps = res["rl"][run]["steps"]
+        assert steps and all(len(s["volatility_per_update"]) == 4 for s in steps)  # 4 minibatches per step
+        moved.append(res["rl"][run]["mean_volatility_per_update"])
+    assert max(moved) > 0  # the updates moved the routers
+    assert res["vllm"]["status"] == "skipped" and res["deepspeed"]["status"] == "skipped"
+    text = (tmp_path / "summary.txt").read_text()
+    assert "% per update" in text and "vllm: skipped" in text
+
+
+def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    assert _module("gpu_check").main(["--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cpu --tiny" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bundle_covers_what_the_check_imports():
+    bundle = _module("gpu_bundle")
+    pins = bundle.closure(bundle.ROOTS, "3.12")
+    for name in (
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "omegaconf",
+        "pyyaml",
+        "numpy",
+        "huggingface-hub",
+    ):
+        assert name in pins, name
+    assert not any(n.startswith(("torch", "nvidia-")) for n in pins)
+    assert "mlflow" not in pins  # the check writes JSON; MLflow would not fit the 64 MiB carry
