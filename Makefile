@@ -15,7 +15,7 @@ JOBS ?= $(if $(filter cpu,$(SCALE)),2,1)
 PORT ?= 5000
 export PYTHONHASHSEED := 0
 
-.PHONY: install test lint coldstart mlflow-ui clean bench report
+.PHONY: install test lint coldstart mlflow-ui clean bench report export-study import-study
 
 install: $(STAMP)
 
@@ -71,9 +71,19 @@ gpu-bundle: install
 gpu-check:
 	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash benchmarks/gpu_check.sh $(GPU_OUT)
 
+# the study experiments' runs table, charts and figure runs, as URLs in model-training mode; then the server
+MLFLOW_WORKERS ?= 2
 mlflow-ui: install
-	@echo "Runs table: http://127.0.0.1:$(PORT)/#/experiments/<id>/runs   charts: .../#/experiments/<id>/chart"
-	$(VENV)/bin/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --host 127.0.0.1 --port $(PORT)
+	@$(PY) -m gspo_study mlflow-urls --uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --port $(PORT)
+	$(VENV)/bin/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --host 127.0.0.1 --port $(PORT) --workers $(MLFLOW_WORKERS)
+
+# The study's runs in one file (results/<scale>/study-runs.parquet: every run its figures and report use), and back
+# into the local store (or MLFLOW_TRACKING_URI), idempotently: then reproduce-figure-N only redraws
+export-study: install
+	$(PY) -m gspo_study export-study --scale $(SCALE) $(SEEDS_ARG) $(OVERRIDES)
+
+import-study: install
+	$(PY) -m gspo_study import-study --scale $(SCALE) $(OVERRIDES)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

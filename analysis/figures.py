@@ -39,8 +39,10 @@ from analysis.common import (  # noqa: E402
     points,
     reference,
 )
+from gspo_study.archive import draw_notice  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
 from gspo_study.study import figure_configs, figure_spec, parse_seeds  # noqa: E402
+from gspo_study.tracking import run_key  # noqa: E402
 
 # The paper's reported values (GSPO paper, arXiv 2507.18071): Figure 2 and §5.3.
 PAPER_CLIP_FRAC = {"gspo": 0.15, "grpo_r2": 0.0013}  # average fraction of clipped tokens, GSPO vs GRPO
@@ -245,6 +247,9 @@ def make_figure(figure: int, scale: str, seeds: list[int], overrides=(), x: str 
     if figure not in FIGURES:
         raise ConfigError(f"unknown figure {figure}; allowed: {', '.join(map(str, FIGURES))}")
     study = load_figure(figure, scale, seeds, overrides, x)
+    note = draw_notice(study.out_dir, {run_key(r.cfg): r.tags for r in study.runs}, f"figure {figure}")
+    if note:  # another machine or library draw than the shipped study's: say so, in one line
+        print(note)
     fig, rows = draw(study, figure, figure_spec(figure)["title"], FIGURES[figure](study))
     paths = save(fig, rows, study.out_dir, f"figure-{figure}")
     tags = {"figure": str(figure), "scale": scale, "seeds": ",".join(map(str, seeds)), "x": x}

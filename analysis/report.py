@@ -48,8 +48,10 @@ import pandas as pd  # noqa: E402
 
 from analysis.common import PASS1, REWARD, Study, label, load, log_outputs, mean_ci  # noqa: E402
 from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, sweep_table  # noqa: E402
+from gspo_study.archive import draw_notice  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
 from gspo_study.study import figure_configs, parse_seeds, run_config  # noqa: E402
+from gspo_study.tracking import run_key  # noqa: E402
 
 ORDER_OF_MAGNITUDE = 10.0  # what "~value" is read as, for magnitude claims (see the verdict rule)
 CLIP, VOL = "policy/clip_frac/token", "moe/routing_volatility/overall"
@@ -280,6 +282,10 @@ def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
             f"no tracked runs of scale {scale!r} (seeds {', '.join(map(str, seeds))}) in {study.uri}; train them "
             f"first (make reproduce-figure-N SCALE={scale}); {path} is left as it is"
         )
+    used = {run_key(r.cfg): r.tags for r in [*study.runs, *(r for w in sweeps.values() for r in w.runs)]}
+    note = draw_notice(study.out_dir, used, f"the {scale} report")
+    if note:  # another machine or library draw than the shipped study's: say so, in one line
+        print(note)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(study, sweeps, scale, seeds))
     if study.runs:

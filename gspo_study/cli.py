@@ -104,6 +104,34 @@ def _cmd_prune(args) -> None:
     print(f"{args.dst}: source layers {plan.layers}, {args.experts} experts per MoE layer, top-{plan.top_k}")
 
 
+def _cmd_export_study(args) -> None:
+    from gspo_study.archive import export_study
+    from gspo_study.study import parse_seeds
+
+    figures = [int(f) for f in args.figures.split(",")] if args.figures else None
+    seeds = parse_seeds(args.seeds, args.scale)
+    path, n = export_study(args.scale, seeds, tuple(args.overrides), figures, args.out)
+    size = path.stat().st_size / 1e6
+    print(f"{path}: {n} finished runs of scale {args.scale} (seeds {seeds}), {size:.2f} MB")
+
+
+def _cmd_import_study(args) -> None:
+    from gspo_study.archive import archive_path, import_study
+
+    done, uri = import_study(args.scale, tuple(args.overrides), args.file)
+    print(
+        f"{args.file or archive_path(args.scale, tuple(args.overrides))} → {uri}: {done.added} runs added, "
+        f"{done.present} already there"
+        + (f", {done.kept} kept as trained here (same run_key, not the shipped run)" if done.kept else "")
+    )
+
+
+def _cmd_mlflow_urls(args) -> None:
+    from gspo_study.mlflow_ui import describe, study_pages
+
+    print(describe(study_pages(args.uri, f"http://127.0.0.1:{args.port}"), args.uri))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gspo_study", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -136,6 +164,22 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--jobs", type=int, default=1, help="runs trained at once, sharing the `threads` budget")
     w.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run")
     w.set_defaults(fn=_cmd_sweep)
+    x = sub.add_parser("export-study", help="a scale's figure runs, to results/<scale>/study-runs.parquet")
+    x.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
+    x.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
+    x.add_argument("--figures", help="e.g. 1,3 (default: every figure of experiments/figures.yaml)")
+    x.add_argument("--out", help="file to write (default: results/<scale>/study-runs.parquet)")
+    x.add_argument("overrides", nargs="*", help="key.sub=value overrides (as for the sweep)")
+    x.set_defaults(fn=_cmd_export_study)
+    m = sub.add_parser("import-study", help="load an exported study into the MLflow store (idempotent)")
+    m.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
+    m.add_argument("--file", help="archive to load (default: results/<scale>/study-runs.parquet)")
+    m.add_argument("overrides", nargs="*", help="key.sub=value overrides (tracking.uri=..., results_dir=...)")
+    m.set_defaults(fn=_cmd_import_study)
+    u = sub.add_parser("mlflow-urls", help="MLflow UI pages of the study experiments in a store")
+    u.add_argument("--uri", required=True, help="MLflow tracking URI of the store")
+    u.add_argument("--port", type=int, default=5000, help="port the UI serves on (127.0.0.1)")
+    u.set_defaults(fn=_cmd_mlflow_urls)
     r = sub.add_parser("prune", help="a local Qwen3-MoE checkpoint cut to N layers and E experts per layer")
     r.add_argument("src", help="local Qwen3-MoE checkpoint directory")
     r.add_argument("dst", help="new directory for the pruned checkpoint")

@@ -70,7 +70,7 @@ class AlgoConfig:
     aggregation: str = (
         "seq_mean"  # seq_mean (paper: token mean per response, mean over responses) | token_mean (DAPO)
     )
-    routing_replay: str = "none"  # none | r2 (replay π_old's routing) | r3 (replay the rollout's routing)
+    routing_replay: str = "none"  # none | r2 (replay π_old's routing) | r3 (the rollout's): gspo_study.moe.modes
     old_logprobs: str = "recompute"  # recompute (training engine) | rollout (rollout engine's, §5.4)
     advantage_eps: float = 1e-6  # added to the group std in Â = (r - mean) / (std + eps)
 
@@ -150,7 +150,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16"),
     "model.experts_implementation": ("grouped_mm_index", "grouped_mm", "eager", "batched_mm"),
     "algo.aggregation": ("seq_mean", "token_mean"),
-    "algo.routing_replay": ("none", "r2", "r3"),
     "algo.old_logprobs": ("recompute", "rollout"),
     "rollout.engine": ("hf", "vllm"),
     "rollout.dtype": ("float32", "bfloat16"),
@@ -343,9 +342,14 @@ def validate(cfg: Config) -> None:
         _require(
             value in allowed, f"bad value {value!r} for '{key}'; allowed: {', '.join(map(str, allowed))}"
         )
+    from gspo_study.moe.modes import REPLAY_MODES
     from gspo_study.objectives import OBJECTIVES, get_objective
     from gspo_study.tasks import TASKS
 
+    _require(
+        cfg.algo.routing_replay in REPLAY_MODES,
+        f"bad value {cfg.algo.routing_replay!r} for 'algo.routing_replay'; allowed: {', '.join(REPLAY_MODES)}",
+    )
     _require(
         cfg.algo.objective in OBJECTIVES,
         f"bad value {cfg.algo.objective!r} for 'algo.objective'; allowed: {', '.join(sorted(OBJECTIVES))}",

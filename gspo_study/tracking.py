@@ -24,6 +24,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from gspo_study import provenance
 from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, load_config, to_flat_dict
 
 # Fields that name or place a run but do not change its numbers.
@@ -47,7 +48,6 @@ LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.chec
 SAME_NUMBERS = {"model.experts_implementation": {"grouped_mm_index": "grouped_mm"}}
 # every logged step has one of these (step 0 only the evaluation): their last step is the resume point
 STEP_SENTINELS = ("rollout/reward/mean", "eval/pass@1")
-REPLAY_ABBREV = {"none": "nr", "r2": "r2", "r3": "r3"}
 # what `run_name` already says, and where a run starts from (its fingerprint is a tag): not in `variant`
 IN_NAME = (
     "seed",
@@ -126,7 +126,9 @@ def run_name(cfg: Config) -> str:
     """`<objective>-<replay>-s<seed>`, e.g. `gspo-nr-s1`, `grpo-r2-s3` (override with tracking.run_name)."""
     if cfg.tracking.run_name:
         return cfg.tracking.run_name
-    parts = [cfg.algo.objective.replace("_", "-"), REPLAY_ABBREV[cfg.algo.routing_replay]]
+    from gspo_study.moe.modes import REPLAY_MODES
+
+    parts = [cfg.algo.objective.replace("_", "-"), REPLAY_MODES[cfg.algo.routing_replay].abbrev]
     if cfg.rollout.dtype != "float32":
         parts.append(cfg.rollout.dtype.replace("bfloat16", "bf16"))
     if cfg.algo.old_logprobs == "rollout":
@@ -168,12 +170,21 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
+# what MLflow offers to mark an experiment as model training, not GenAI (its UI also needs
+# `workflowType=machine_learning` in the URL: gspo_study.mlflow_ui)
+TRAINING_EXPERIMENT = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def _experiment_id(client, name: str, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if not TRAINING_EXPERIMENT.keys() <= exp.tags.keys():  # a store made before the kind was set
+            _retry(client.set_experiment_tag, exp.experiment_id, *next(iter(TRAINING_EXPERIMENT.items())))
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location(uri))
+        return client.create_experiment(
+            name, artifact_location=artifact_location(uri), tags=TRAINING_EXPERIMENT
+        )
     except Exception:  # noqa: BLE001 - a concurrent run may have created it first
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -282,6 +293,7 @@ class Tracker:
             "seed": str(cfg.seed),
             "scale": cfg.scale,
             "old_logprobs": cfg.algo.old_logprobs,
+            **provenance.tags(),  # machine and libraries: another draw gives other numbers
             "mlflow.note.content": f"{run_name(cfg)}: {cfg.algo.objective}, replay {cfg.algo.routing_replay}, seed {cfg.seed}",
         }
 

@@ -36,6 +36,8 @@ from gspo_study.evaluate import evaluate, score
 from gspo_study.models.checkpoint import fingerprint
 from gspo_study.models.presets import active_params
 from gspo_study.moe import (
+    REPLAY_MODES,
+    ReplayMode,
     RoutingTrace,
     has_moe,
     mismatch_metrics,
@@ -102,7 +104,7 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
     )
     rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
     ctx.engine.sync(ctx.behaviour, gather=getattr(ctx.backend, "gathered_parameters", None))  # ZeRO-3: whole
-    recorder = record_routing(ctx.engine.model) if cfg.algo.routing_replay == "r3" else None
+    recorder = record_routing(ctx.engine.model) if replay_mode(cfg).records_rollout else None
     if not cfg.rollout.sharded:  # one random stream for the batch; every rank generates all of it
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
         prompts = [p.prompt for p in rows]
@@ -153,11 +155,15 @@ def policy_pass(
     return torch.cat(lps), RoutingTrace.cat(traces) if moe else None
 
 
+def replay_mode(cfg: Config) -> ReplayMode:
+    return REPLAY_MODES[cfg.algo.routing_replay]
+
+
 def old_pass_trains(cfg: Config) -> bool:
     """Whether the π_old forward is training compute: its log-probs are the objective's π_old, or its routing is
     replayed (R2). Otherwise (rollout log-probs without R2) it only feeds telemetry: the train–inference mismatch
     and π_old's routing for the volatility metric."""
-    return cfg.algo.old_logprobs == "recompute" or cfg.algo.routing_replay == "r2"
+    return cfg.algo.old_logprobs == "recompute" or replay_mode(cfg).old_pass_trains
 
 
 def old_policy(
@@ -165,9 +171,9 @@ def old_policy(
 ) -> tuple[torch.Tensor, torch.Tensor, RoutingTrace | None, RoutingTrace | None]:
     """(old_logprobs used by the objective, training-engine π_old log-probs, π_old's natural routing,
     the routing to replay during updates or None)."""
-    mode = ctx.cfg.algo.routing_replay
-    train_lp, natural = policy_pass(ctx, batch, batch.routing if mode == "r3" else None, ctx.behaviour)
-    replay = {"none": None, "r2": natural, "r3": batch.routing}[mode]
+    source = replay_mode(ctx.cfg).replays
+    train_lp, natural = policy_pass(ctx, batch, batch.routing if source == "rollout" else None, ctx.behaviour)
+    replay = {None: None, "old": natural, "rollout": batch.routing}[source]
     old_lp = batch.rollout_logprobs if ctx.cfg.algo.old_logprobs == "rollout" else train_lp
     return old_lp, train_lp, natural, replay
 
@@ -252,7 +258,7 @@ def route_baseline(
     telemetry), so the instrument reads the same whatever the run's replay mode. None without MoE layers."""
     if natural_old is None:
         return None
-    if ctx.cfg.algo.routing_replay == "r3":
+    if replay_mode(ctx.cfg).replays == "rollout":
         return policy_pass(ctx, batch, None, ctx.behaviour)
     return train_lp, natural_old
 

@@ -29,7 +29,7 @@ def test_base_inheritance_and_overrides(tmp_path):
         ("train.lrr=1", "did you mean 'train.lr'"),
         ("algo.objectiv=gspo", "did you mean 'algo.objective'"),
         ("algo.routing_replay=r4", "'algo.routing_replay'; allowed: none, r2, r3"),
-        ("algo.objective=ppo", "allowed: cispo, grpo, gspo, gspo_token"),
+        ("algo.objective=ppo", "allowed: cispo, gmpo, grpo, gspo, gspo_token, sapo"),
         ("rollout.group_size=1", "'rollout.group_size'"),
         ("train.num_minibatches=5", "divisor of the rollout batch"),
         ("algo.clip_low=-0.1", "'algo.clip_low'"),

@@ -7,8 +7,8 @@ with replay_routing(model, trace):
 stats = routing_volatility(trace_old, trace_new, mask)
 """
 
+from gspo_study.moe.modes import REPLAY_MODES, ReplayMode
 from gspo_study.moe.routing import (
-    ROUTING_REPLAY_MODES,
     ReplayHandle,
     count_moe_layers,
     has_moe,
@@ -20,7 +20,8 @@ from gspo_study.moe.trace import RoutingTrace
 from gspo_study.moe.volatility import changed_choices, mismatch_metrics, routing_share, routing_volatility
 
 __all__ = [
-    "ROUTING_REPLAY_MODES",
+    "REPLAY_MODES",
+    "ReplayMode",
     "ReplayHandle",
     "RoutingTrace",
     "changed_choices",

@@ -1,6 +1,7 @@
 """Record and replay the experts chosen by Qwen3-MoE routers (Routing Replay: R2 and R3).
 
-Modes, chosen by the trainer (`routing_replay: none | r2 | r3`); this module only provides primitives:
+Modes (`routing_replay: none | r2 | r3`, records in `gspo_study.moe.modes`); this module only provides
+primitives:
 - none: routers route freely in every forward.
 - r2 (the GSPO paper's Routing Replay): record while the training engine computes π_old on the rollout
   batch; replay that trace in every forward that computes π_θ for the importance ratio.
@@ -32,8 +33,6 @@ from torch import nn
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from gspo_study.moe.trace import RoutingTrace
-
-ROUTING_REPLAY_MODES = ("none", "r2", "r3")
 
 # Routers with Qwen3MoeTopKRouter's contract: forward([N, H]) -> (logits, scores, indices),
 # attributes top_k and norm_topk_prob; held as `.gate` of their sparse block.

@@ -1,0 +1,69 @@
+"""Where to look in MLflow's UI (3.17): the pages of each study experiment in a store, as URLs (`make mlflow-ui`).
+
+MLflow's UI opens every experiment in its GenAI mode (traces, judges, prompts; runs under "Evaluations") unless
+the URL says `workflowType=machine_learning`; the experiment tag `mlflow.experimentKind` alone does not switch
+it, but the suite sets it too (`tracking.TRAINING_EXPERIMENT`). Metric charts are the runs page with
+`compareRunsMode=CHART` (`#/experiments/<id>/chart` is a 404). Training runs carry a `run_key` tag and analysis
+runs (`figure-N`, `report`, whose artifacts are the drawn figures) an `analysis_key` tag, so each page is
+given a saved filter (`searchFilter`) that shows one kind: the runs table and the charts show the training
+runs only, a third page the figure and report runs.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, urlencode
+
+from gspo_study.tracking import TRAINING_EXPERIMENT, _retry
+
+TRAINING_RUNS = "tags.run_key LIKE '%'"
+ANALYSIS_RUNS = "tags.analysis_key LIKE '%'"
+MODE = {"workflowType": "machine_learning"}
+
+
+def page(base: str, exp_id: str, search: str, charts: bool = False) -> str:
+    """The runs page of an experiment, filtered by `search`, in model-training mode (charts if asked)."""
+    query = {"searchFilter": search, **({"compareRunsMode": "CHART"} if charts else {}), **MODE}
+    return f"{base.rstrip('/')}/#/experiments/{exp_id}/runs?{urlencode(query, quote_via=quote)}"
+
+
+def study_pages(uri: str, base: str) -> list[dict[str, str]]:
+    """For every experiment of the store at `uri` that holds training runs (a `run_key` tag): its name, id and
+    page URLs (runs, charts, figures). Each is also tagged as a training experiment if it is not yet."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    out = []
+    for exp in client.search_experiments(order_by=["name ASC"]):
+        if not client.search_runs([exp.experiment_id], TRAINING_RUNS, max_results=1):
+            continue
+        for key, value in TRAINING_EXPERIMENT.items():
+            if exp.tags.get(key) != value:
+                _retry(client.set_experiment_tag, exp.experiment_id, key, value)
+        out.append(
+            {
+                "experiment": exp.name,
+                "id": exp.experiment_id,
+                "runs": page(base, exp.experiment_id, TRAINING_RUNS),
+                "charts": page(base, exp.experiment_id, TRAINING_RUNS, charts=True),
+                "figures": page(base, exp.experiment_id, ANALYSIS_RUNS),
+            }
+        )
+    return out
+
+
+def describe(pages: list[dict[str, str]], uri: str) -> str:
+    """What `make mlflow-ui` prints before it starts the server."""
+    if not pages:
+        return (
+            f"no study runs in {uri} yet: train some (make reproduce-figure-1) or load the shipped ones "
+            "(make import-study SCALE=cpu)"
+        )
+    lines = [f"MLflow store {uri}; open these once the server below is up:"]
+    for p in pages:
+        lines += [
+            f"  {p['experiment']} (experiment {p['id']})",
+            f"    runs table:          {p['runs']}",
+            f"    metric charts:       {p['charts']}",
+            f"    figure/report runs:  {p['figures']}",
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""`make mlflow-ui`, for real: the URLs it prints, opened in headless Chromium against the `mlflow ui` server it
+starts on loopback, show the study in model-training mode — the runs table with the training runs' names (and
+not the figure run), metric charts, and the figure runs on their own page.
+
+Chromium is Debian's `chromium`, installed by the test when missing (apt-get, as root); in CI (CI=true) a
+machine without it is a failure, elsewhere a skip naming the command. MLflow's UI is a JS app: pages are read
+with `--dump-dom` after `--virtual-time-budget` lets it render."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
+
+from analysis.figures import make_figure  # noqa: E402
+from gspo_study.study import run_figure  # noqa: E402
+
+APT = "apt-get install -y --no-install-recommends chromium"
+READY_S = 90
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--window-size=1400,1000", "--virtual-time-budget=10000"]  # fmt: skip
+
+
+def chromium() -> str:
+    """The chromium binary, installed with apt-get if missing and possible."""
+    found = shutil.which("chromium")
+    if found is None and shutil.which("apt-get") and os.geteuid() == 0:
+        for cmd in (APT, f"apt-get update -q && {APT}"):  # the package lists may be missing or stale
+            subprocess.run(cmd, shell=True, capture_output=True, timeout=900)
+            if found := shutil.which("chromium"):
+                break
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"headless Chromium is missing and `{APT}` did not install it")
+        pytest.skip(f"headless Chromium is missing: install it with `sudo {APT}`")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the whole process group (make, mlflow and its workers), SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"make mlflow-ui exited ({proc.returncode}): {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"mlflow ui not ready after {READY_S} s: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def ui(smoke_results, tmp_path_factory):
+    """(printed text, tmp dir) of `make mlflow-ui` serving a store with figure 1's smoke runs and the figure."""
+    browser = chromium()
+    root = tmp_path_factory.mktemp("ui")
+    overrides = (f"results_dir={root}", f"tracking.uri=sqlite:///{root}/mlflow.db",
+                 f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart")  # fmt: skip
+    run_figure(1, "smoke", [1], overrides)
+    make_figure(1, "smoke", [1], overrides)
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlflow.db"}
+    log = open(root / "ui.log", "w")  # closed in teardown, after the server stops
+    cmd = ["make", "--no-print-directory", "mlflow-ui", f"PORT={port}", "MLFLOW_WORKERS=1"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc, root / "ui.log")
+        yield (root / "ui.log").read_text(), root, browser
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def dom(browser: str, url: str, profile: Path) -> str:
+    """The page's DOM once MLflow's app has rendered it (a fresh profile: no remembered UI mode)."""
+    done = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def printed(text: str, what: str) -> str:
+    """The URL `make mlflow-ui` printed for `what` (runs table / metric charts / figure/report runs)."""
+    found = re.findall(rf"{re.escape(what)}:\s+(http://\S+)", text)
+    assert len(found) == 1, text
+    return found[0]
+
+
+def test_make_mlflow_ui_prints_working_training_pages(ui):
+    text, root, browser = ui
+    exp_id = re.search(r"study-smoke \(experiment (\d+)\)", text)
+    assert exp_id, text
+    runs, charts, figures = (printed(text, w) for w in ("runs table", "metric charts", "figure/report runs"))
+    for url in (runs, charts, figures):
+        assert f"/#/experiments/{exp_id[1]}/runs?" in url and url.endswith("workflowType=machine_learning")
+    assert "compareRunsMode=CHART" in charts and "/chart?" not in charts
+
+    table = dom(browser, runs, root / "profile-runs")
+    assert "gspo-nr-s1" in table and "grpo-r2-s1" in table  # the training runs, by name
+    assert "figure-1" not in table  # the figure run is filtered out
+    assert "Model registry" in table and "Judges" not in table  # model-training mode, not GenAI's sidebar
+
+    page = dom(browser, charts, root / "profile-charts")
+    assert "gspo-nr-s1" in page and "js-plotly-plot" in page  # rendered metric charts
+    assert "eval/pass_at_1" in page and "figure-1" not in page
+
+    drawn = dom(browser, figures, root / "profile-figures")
+    assert "figure-1" in drawn and "gspo-nr-s1" not in drawn
