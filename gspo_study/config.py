@@ -475,7 +475,3 @@ def to_flat_dict(cfg: Config) -> dict[str, Any]:
         return out
 
     return walk(cfg, "")
-
-
-def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

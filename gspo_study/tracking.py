@@ -329,9 +329,6 @@ class Tracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         _retry(self.client.log_text, self.run_id, text, artifact_file)
 
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
-
     def set_status(self, status: str) -> None:
         _retry(self.client.set_terminated, self.run_id, status=status)
 

@@ -1,4 +1,6 @@
-"""Gradient accumulation over micro-batches with exactly the minibatch's loss, gradient and metrics.
+"""Gradient accumulation over micro-batches with exactly the minibatch's loss, gradient and metrics: the
+reference loop the objectives' tests run (the trainer's `update_minibatch` does the same, tested in
+tests/test_trainer.py).
 
 Averaging per micro-batch (each micro-batch divided by its own response or token count) changes the
 result with the micro-batch size. Instead every micro-batch call receives the minibatch's denominator:

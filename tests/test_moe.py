@@ -165,13 +165,12 @@ def test_trace_helpers():
     ids, mask = padded_batch("left")
     _, trace = record(model, ids, mask)
     assert trace.batch_size == 4 and trace.seq_len == 9 and trace.top_k == 2
-    assert trace.slice_time(0, 5).shape == (4, 5, 2)
     joined = RoutingTrace.cat([trace.select([0, 1]), trace.select(slice(2, None))])
     assert traces_equal(joined, trace)
     assert trace.select(-1).shape == (1, 9, 2) and trace.to("cpu").layers == [0, 3]
     assert traces_equal(trace.select(torch.tensor([True, False, False, True])), trace.select([0, 3]))
     with pytest.raises(ValueError, match="cannot concatenate"):
-        RoutingTrace.cat([trace, trace.slice_time(0, 3)])
+        RoutingTrace.cat([trace, RoutingTrace({k: v[:, :3] for k, v in trace.indices.items()})])
 
 
 def test_replay_under_gradient_checkpointing():

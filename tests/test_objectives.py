@@ -10,14 +10,14 @@ import torch
 
 from gspo_study.objectives import (
     METRIC_NAMES,
-    ClipRange,
     OBJECTIVES,
+    ClipRange,
     batch_normalizer,
     combine_metrics,
     get_objective,
-    microbatch_loss_and_backward,
-    split_microbatches,
 )
+
+from .microbatch_reference import microbatch_loss_and_backward, split_microbatches
 
 NAMES = sorted(OBJECTIVES)
 AGGS = ("seq_mean", "token_mean")

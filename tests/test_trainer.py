@@ -193,3 +193,36 @@ def test_model_without_moe_layers_trains(smoke_cfg, tmp_path):
     cfg = smoke_cfg(f"init_checkpoint={tmp_path / 'dense'}", "train.steps=1", "eval.every=0")
     metrics = trainer.rl_step(trainer.setup(cfg), 1)
     assert "mismatch/k3" in metrics and not any(k.startswith("moe/") for k in metrics)
+
+
+@pytest.mark.parametrize("algo", ["gspo", "grpo-r2"])
+def test_micro_batch_size_never_changes_an_update(smoke_cfg, algo):
+    """The trainer's own micro-batch loop (whole-minibatch denominators, gradients accumulated): each of a
+    step's minibatch gradients, and the step's objective metrics, are the same with micro-batches of 1 and 3
+    sequences as with the whole minibatch (float32: up to summation order). The optimizer step is replaced by
+    a recorder, so every minibatch sees the same weights."""
+    from gspo_study import trainer
+
+    results = {}
+    for size in (None, 1, 3):
+        ctx = trainer.setup(smoke_cfg(*ALGOS[algo], f"train.micro_batch_size={size or 'null'}"))
+        grads = []
+
+        def record(lr, ctx=ctx, grads=grads):
+            grads.append({n: p.grad.clone() for n, p in ctx.model.named_parameters() if p.grad is not None})
+            ctx.backend.optimizer.zero_grad(set_to_none=True)
+            return 1.0
+
+        ctx.backend.step = record
+        results[size] = (trainer.rl_step(ctx, 1), grads)
+    ref_metrics, ref_grads = results[None]
+    assert len(ref_grads) == ctx.cfg.train.num_minibatches
+    for size in (1, 3):
+        metrics, grads = results[size]
+        for ref, got in zip(ref_grads, grads):
+            assert ref.keys() == got.keys()
+            for k in ref:
+                scale = ref[k].abs().max().item()
+                torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-5 * scale + 1e-12)
+        for k in ("policy/loss", "policy/clip_frac/token", "policy/ratio/token_var", "policy/kl/k3"):
+            assert metrics[k] == pytest.approx(ref_metrics[k], rel=1e-4, abs=1e-7), (size, k)

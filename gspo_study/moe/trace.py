@@ -113,10 +113,6 @@ class RoutingTrace:
 
     __getitem__ = select
 
-    def slice_time(self, start: int | None = None, stop: int | None = None) -> RoutingTrace:
-        """Positions [start, stop) of every sequence (e.g. drop a prefix, or truncate to T)."""
-        return self._map(lambda ids: ids[:, start:stop])
-
     def to(self, device: torch.device | str, non_blocking: bool = False) -> RoutingTrace:
         return self._map(lambda ids: ids.to(device, non_blocking=non_blocking))
 

@@ -6,8 +6,7 @@
 
 `loss` is a scalar to minimise (the negative objective), `metrics` a dict of floats (docs/METRICS.md).
 `core` holds the shared machinery and documents masking, precision, aggregation and the normaliser;
-`algorithms` holds one small function per algorithm; `microbatch` shows how micro-batches reproduce the
-minibatch exactly. Departures from the paper: log-ratios are clamped to ±MAX_LOG_RATIO before exp (an
+`algorithms` holds one small function per algorithm, each with its own hyperparameters. Departures from the paper: log-ratios are clamped to ±MAX_LOG_RATIO before exp (an
 overflow guard), and responses with no valid token are left out of the response count.
 """
 
@@ -29,7 +28,6 @@ from gspo_study.objectives.core import (
     ppo_clip,
     register,
 )
-from gspo_study.objectives.microbatch import microbatch_loss_and_backward, split_microbatches
 
 __all__ = [
     "group_advantages",
@@ -46,8 +44,6 @@ __all__ = [
     "batch_normalizer",
     "combine_metrics",
     "get_objective",
-    "microbatch_loss_and_backward",
     "ppo_clip",
     "register",
-    "split_microbatches",
 ]

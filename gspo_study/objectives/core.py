@@ -22,9 +22,10 @@ the default. Everything else lives here, once, for every algorithm:
   valid responses (seq_mean) or of valid tokens (token_mean). By default it is counted from the mask
   passed in (full-batch semantics). A trainer that splits a minibatch into micro-batches passes the
   minibatch's count, `batch_normalizer(minibatch_mask, aggregation)`, to every micro-batch call: the
-  micro-batch losses then sum to the minibatch loss and their gradients to its gradient (see
-  `gspo_study.objectives.microbatch`). Under data parallelism the count must also be summed over ranks
-  (and the loss multiplied by the world size if the backend averages gradients over ranks).
+  micro-batch losses then sum to the minibatch loss and their gradients to its gradient (the trainer's
+  `update_minibatch`; the reference loop is tests/microbatch_reference.py). Under data parallelism the count
+  must also be summed over ranks (and the loss multiplied by the world size if the backend averages
+  gradients over ranks).
 - Metrics (`METRIC_NAMES`, docs/METRICS.md): computed without gradient, variances are
   population variances, plus the counts `policy/count/tokens` and `policy/count/seqs` that
   `combine_metrics` needs to merge micro-batch metrics into minibatch metrics.

@@ -10,7 +10,7 @@ training forward position for position.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,6 @@ class RolloutBatch:
     truncated: torch.Tensor  # [B] bool: no EOS within max_new_tokens
     prompt_len: int  # P
     routing: object | None = None  # RoutingTrace over the L-1 fed positions (R3), when recorded
-    extras: dict = field(default_factory=dict)
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -50,20 +49,6 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.sequences.shape[0]
-
-    def select(self, idx: torch.Tensor) -> RolloutBatch:
-        """The sub-batch of rows `idx` (a LongTensor), routing trace included."""
-        rows = idx.tolist()
-        return replace(
-            self,
-            sequences=self.sequences[idx],
-            attention_mask=self.attention_mask[idx],
-            response_mask=self.response_mask[idx],
-            rollout_logprobs=self.rollout_logprobs[idx],
-            response_texts=[self.response_texts[i] for i in rows],
-            truncated=self.truncated[idx],
-            routing=self.routing.select(idx) if self.routing is not None else None,
-        )
 
 
 def merge_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
