@@ -122,6 +122,33 @@ def _effective(cfg: Config, key: str, value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class RunIdentity:
+    """Who a run is, computed once per config (`run_identity`): every part of the suite that names, finds or
+    stores a run reads these fields."""
+
+    key: str  # `run_key`: the hash of what changes the run's numbers (MLflow tag run_key)
+    name: str  # `run_name`, e.g. gspo-nr-s1
+    variant: str  # `variant`: what sets it apart from its scale's base, e.g. "train.lr=4e-05"
+    dir: Path  # <results>/<scale>/runs/<name>-<key>; an existing directory with the key wins (a renamed run)
+
+
+_IDENTITIES: dict[str, RunIdentity] = {}
+
+
+def run_identity(cfg: Config) -> RunIdentity:
+    """The run's identity, computed once per distinct config in a process (the run directory is looked up
+    on disk the first time)."""
+    whole = json.dumps(to_flat_dict(cfg), sort_keys=True, default=str)
+    if whole not in _IDENTITIES:
+        key, name = run_key(cfg), run_name(cfg)
+        runs = cfg.out_dir / "runs"
+        existing = sorted(runs.glob(f"*-{key}")) if runs.is_dir() else []
+        where = existing[0] if existing else runs / f"{name}-{key}"
+        _IDENTITIES[whole] = RunIdentity(key, name, variant(cfg), where)
+    return _IDENTITIES[whole]
+
+
 def run_name(cfg: Config) -> str:
     """`<objective>-<replay>-s<seed>`, e.g. `gspo-nr-s1`, `grpo-r2-s3` (override with tracking.run_name)."""
     if cfg.tracking.run_name:
@@ -253,7 +280,8 @@ class Tracker:
         cold start was retrained since) is not silently resumed or reused (ConfigError)."""
         uri = tracking_uri(cfg)
         client, exp_id = _connect(uri, cfg.tracking.experiment)
-        key = run_key(cfg)
+        me = run_identity(cfg)
+        key = me.key
         found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
         if found:
             run = found[0]
@@ -272,21 +300,17 @@ class Tracker:
             return cls(client, run.info.run_id, exp_id, upto)
         if not create:
             return None
-        tags = {**cls._tags(cfg, key), **({"init_fingerprint": origin} if origin else {})}
-        shown = (
-            run_name(cfg)
-            if cfg.tracking.run_name
-            else " ".join(filter(None, [run_name(cfg), tags["variant"]]))
-        )
+        tags = {**cls._tags(cfg, me), **({"init_fingerprint": origin} if origin else {})}
+        shown = me.name if cfg.tracking.run_name else " ".join(filter(None, [me.name, me.variant]))
         run = _retry(client.create_run, exp_id, run_name=shown, tags=tags)
         cls._log_params(client, run.info.run_id, cfg)
         return cls(client, run.info.run_id, exp_id, -1)
 
     @staticmethod
-    def _tags(cfg: Config, key: str) -> dict[str, str]:
+    def _tags(cfg: Config, me: RunIdentity) -> dict[str, str]:
         return {
-            "run_key": key,
-            "variant": variant(cfg),
+            "run_key": me.key,
+            "variant": me.variant,
             "git_commit": git_commit(),
             "algorithm": cfg.algo.objective,
             "routing_replay": cfg.algo.routing_replay,
@@ -294,7 +318,7 @@ class Tracker:
             "scale": cfg.scale,
             "old_logprobs": cfg.algo.old_logprobs,
             **provenance.tags(),  # machine and libraries: another draw gives other numbers
-            "mlflow.note.content": f"{run_name(cfg)}: {cfg.algo.objective}, replay {cfg.algo.routing_replay}, seed {cfg.seed}",
+            "mlflow.note.content": f"{me.name}: {cfg.algo.objective}, replay {cfg.algo.routing_replay}, seed {cfg.seed}",
         }
 
     @staticmethod

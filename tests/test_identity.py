@@ -44,3 +44,25 @@ def test_golden_file_covers_every_figure_at_the_cpu_scale():
             for cell, run, seed in _items(figure, "cpu", [1, 2, 3])
         }
         assert labels <= golden.keys(), figure
+
+
+def test_run_identity_is_computed_once_per_config(tmp_path):
+    """Name, key, variant and directory come from one place; the directory lookup runs once per config."""
+    from gspo_study.tracking import run_identity, run_name, variant
+    from gspo_study.train.checkpointing import run_dir
+
+    cfg = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", "train.lr=3e-3"])
+    me = run_identity(cfg)
+    assert (me.key, me.name, me.variant) == (
+        run_key(cfg),
+        run_name(cfg),
+        variant(cfg),
+    ) and "train.lr" in me.variant
+    assert run_dir(cfg) == me.dir == tmp_path / "smoke" / "runs" / f"{me.name}-{me.key}"
+    assert run_identity(cfg) is me  # cached
+    renamed = tmp_path / "smoke" / "runs" / f"old-name-{me.key}"  # a run renamed since keeps its directory
+    renamed.mkdir(parents=True)
+    fresh = load_config(
+        "experiments/smoke/base.yaml", [f"results_dir={tmp_path}", "train.lr=3e-3", "threads=2"]
+    )
+    assert run_identity(fresh).dir == renamed and run_identity(fresh).key == me.key

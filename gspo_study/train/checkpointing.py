@@ -17,17 +17,18 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 from filelock import FileLock, Timeout
 from omegaconf import OmegaConf
 
-from gspo_study.config import Config, ConfigError, coldstart_name
+from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, coldstart_name
 from gspo_study.models import finish_interrupted_save, load_pretrained, save_pretrained
+from gspo_study.models.checkpoint import CheckpointError
 from gspo_study.runtime import DTYPES
-from gspo_study.tracking import run_key, run_name
+from gspo_study.tracking import run_identity, run_key, tracking_uri
 from gspo_study.train.dist import init_distributed
 from gspo_study.train.lag import SNAPSHOTS
 
@@ -54,36 +55,100 @@ class RunState:
 
 def run_dir(cfg: Config) -> Path:
     """`<results>/<scale>/runs/<run name>-<run key>`; a run renamed since (same key) keeps its directory."""
-    runs, key = cfg.out_dir / "runs", run_key(cfg)
-    existing = sorted(runs.glob(f"*-{key}")) if runs.is_dir() else []
-    return existing[0] if existing else runs / f"{run_name(cfg)}-{key}"
+    return run_identity(cfg).dir
 
 
-@contextlib.contextmanager
-def run_lock(cfg: Config):
-    """Held while a process trains this run (rank 0 of a distributed job; the other ranks follow it): a second
-    process on the same run is refused instead of logging every step twice and overwriting its checkpoints.
-    An OS file lock, so a killed process releases it; the file is in `<temp dir>/gspo_study-locks-<user>/`,
-    named by a hash of the run's results path and key, because the lock is taken before any input is checked
-    and bad input must write nothing under `results_dir`."""
-    if int(os.environ.get("RANK", "0")) != 0:
-        yield
-        return
-    where = hashlib.sha256(f"{cfg.out_dir.resolve()}:{run_key(cfg)}".encode()).hexdigest()[:16]
+def store_identity(cfg: Config) -> str:
+    """Where the run's MLflow run lives: its store (a sqlite path resolved, so two spellings of one file are one
+    store), experiment and `run_key` — two processes with these equal would log into one MLflow run."""
+    uri = tracking_uri(cfg)
+    if uri.startswith("sqlite:///"):
+        uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    return f"{uri}\n{cfg.tracking.experiment}\n{run_key(cfg)}"
+
+
+def _exclusive(name: str, stack: contextlib.ExitStack, busy: str) -> None:
+    where = hashlib.sha256(name.encode()).hexdigest()[:16]
     locks = Path(tempfile.gettempdir()) / f"gspo_study-locks-{getpass.getuser()}"  # per user: no shared modes
     locks.mkdir(exist_ok=True)
     lock = FileLock(locks / f"{where}.lock")
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise ConfigError(
-            f"run {run_dir(cfg).name} is being trained by another process (it holds {lock.lock_file}); "
-            "wait for it to finish or stop it"
-        ) from None
-    try:
+        raise ConfigError(f"{busy} (it holds {lock.lock_file}); wait for it to finish or stop it") from None
+    stack.callback(lock.release)
+
+
+@contextlib.contextmanager
+def run_lock(cfg: Config):
+    """Held while a process trains this run (rank 0 of a distributed job; the other ranks follow it): a second
+    process on the same run is refused instead of logging every step twice and overwriting its checkpoints.
+    Two OS file locks, so a killed process releases them: one on the run's identity in its MLflow store
+    (`store_identity`: the same run from two results dirs would log every step twice into one MLflow run), one
+    on its checkpoint directory (the same run into two stores would overwrite one checkpoint). The files are
+    in `<temp dir>/gspo_study-locks-<user>/`, named by hashes, because bad input must write nothing under
+    `results_dir`. Taking them, rank 0 first checks that it can write the results and the store
+    (`check_writable`): a read-only or full disk stops here, before the run is tracked."""
+    if int(os.environ.get("RANK", "0")) != 0:
         yield
-    finally:
-        lock.release()
+        return
+    check_writable(cfg)
+    name = run_dir(cfg).name
+    with contextlib.ExitStack() as stack:
+        _exclusive(
+            "store:" + store_identity(cfg),
+            stack,
+            f"run {name} is being trained by another process into the same MLflow run (experiment "
+            f"{cfg.tracking.experiment!r} in {tracking_uri(cfg)})",
+        )
+        _exclusive(
+            f"dir:{cfg.out_dir.resolve()}:{run_key(cfg)}",
+            stack,
+            f"run {name} is being trained by another process into the same directory {run_dir(cfg)}",
+        )
+        yield
+
+
+MIN_FREE_BYTES = 64 << 20  # below this a checkpoint or a metric write can fail half-way
+
+
+def check_writable(cfg: Config) -> None:
+    """A one-line ConfigError unless the run can create files under `<results>/<scale>/runs` (the nearest
+    existing ancestor, probed with a real file: read-only, immutable and permission-less directories all fail
+    it) with room for three copies of its start checkpoint (its run checkpoint, a save's temporary copy and
+    the optimizer state) plus MIN_FREE_BYTES. The MLflow store is checked when it is opened
+    (`tracking._connect`)."""
+    target = cfg.out_dir / "runs"
+    start = init_checkpoint(cfg)
+    need = MIN_FREE_BYTES + 3 * sum(f.stat().st_size for f in start.rglob("*") if f.is_file())
+    probe_directory(target, need, "results_dir", cfg.results_dir)
+
+
+def probe_directory(target: Path, need: int, key: str, value: str) -> None:
+    """Raise ConfigError unless a file can be created in `target` (or its nearest existing ancestor, where
+    `target` would be created) and `need` bytes are free there."""
+    where = target
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise ConfigError(
+            f"bad value {value!r} for '{key}': {where} is not a directory; allowed: a directory"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".gspo_study-probe-", dir=where)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"bad value {value!r} for '{key}': cannot write in {where} ({exc.strerror}); allowed: a writable "
+            "directory"
+        ) from None
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise ConfigError(
+            f"bad value {value!r} for '{key}': {where} has {free >> 20} MiB free, this needs {need >> 20} MiB; "
+            "allowed: a directory with room"
+        )
 
 
 def settle_interrupted_save(cfg: Config) -> None:
