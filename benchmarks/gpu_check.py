@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib.util
 import json
 import platform
@@ -89,7 +90,7 @@ SHAPES = {
 # Sizes per shape: cold-start steps and batch, RL steps, prompts × group, lr, HF-engine batch.
 SIZES = {
     "mini": dict(
-        sft_steps=300, sft_batch=64, sft_lr=2e-3, rl_steps=8, prompts=16, group=8, lr=1e-4, gen_batch=256
+        sft_steps=300, sft_batch=64, sft_lr=2e-3, rl_steps=20, prompts=16, group=8, lr=1e-4, gen_batch=256
     ),
     "tiny": dict(
         sft_steps=150, sft_batch=32, sft_lr=1e-2, rl_steps=2, prompts=8, group=4, lr=1e-3, gen_batch=16
@@ -181,10 +182,12 @@ def pick_experts_kernel(shape: str, device: torch.device, wanted: str) -> tuple[
     order = [wanted, *[k for k in EXPERTS_FALLBACK if k != wanted]]
     for impl in order:
         try:
-            model, _ = build("tiny", device, 0, impl)
+            model, _ = build(shape, device, 0, impl)
             ids = torch.randint(4, 25, (2, 8), device=device)
-            with autocast(device):
+            with autocast(device):  # the training forward and backward
                 model(ids).logits.float().sum().backward()
+            with torch.no_grad():  # the rollout engine's bf16 copy
+                copy.deepcopy(model).to(torch.bfloat16)(ids)
             return impl, tried
         except Exception as exc:  # noqa: BLE001 - a kernel this torch/GPU lacks: try the next
             tried.append(f"{impl}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
@@ -500,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--lr", type=float, help="RL learning rate (default: 1e-4 for the miniature, as the CPU study)"
     )
-    p.add_argument("--rl-steps", type=int, help="RL steps per run (default 8; fewer if the budget runs out)")
+    p.add_argument("--rl-steps", type=int, help="RL steps per run (default 20; fewer if the budget runs out)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
