@@ -58,6 +58,8 @@ def masked_routers(model, kept: dict[int, list[int]], top_k: int):
     softmax over all logits, top-k, renormalised when norm_topk_prob)."""
     saved = []
     for i, layer in enumerate(model.model.layers):
+        if i not in kept:  # a dense layer
+            continue
         router = layer.mlp.gate
 
         def forward(h, router=router, ids=kept[i]):
@@ -239,3 +241,19 @@ def test_existing_destination_and_non_moe_source_are_refused(src, tmp_path):
     with pytest.raises(PruneError, match="'llama'; a Qwen3-MoE"):
         prune(tmp_path / "llama", tmp_path / "x", layers=1, experts=2)
     assert not (tmp_path / "x").exists()
+
+
+def test_dense_layers_stay_dense_under_their_new_index(tmp_path):
+    tok = build_char_tokenizer()
+    model = build_model("qwen3-moe-smoke", tok, seed=5, num_hidden_layers=LAYERS, mlp_only_layers=[1])
+    src = save_pretrained(model, tok, tmp_path / "mixed")
+    plan = prune(src, tmp_path / "p", layers=3, experts=5, layer_select="1,2,3")
+    assert sorted(plan.experts) == [2, 3]  # experts chosen for the MoE layers only
+    pruned = load_pretrained(tmp_path / "p")[0].eval()
+    assert pruned.config.mlp_only_layers == [0] and pruned.config.num_experts == 5
+    full = load_pretrained(src)[0].eval()
+    full.model.layers = torch.nn.ModuleList([full.model.layers[i] for i in (1, 2, 3)])
+    full.config.num_hidden_layers = 3
+    with masked_routers(full, {1: plan.experts[2], 2: plan.experts[3]}, TOP_K):
+        want = _logits(full, _ids()).logits
+    torch.testing.assert_close(_logits(pruned, _ids()).logits, want, rtol=1e-5, atol=1e-6)
