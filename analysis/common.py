@@ -97,7 +97,13 @@ def _client(uri: str):
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
         except OSError as exc:
             raise ConfigError(f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__})") from None
-    return MlflowClient(tracking_uri=uri)
+    try:
+        return MlflowClient(tracking_uri=uri)
+    except Exception as exc:  # noqa: BLE001 - MLflow refuses an unknown scheme with several exception types
+        raise ConfigError(
+            f"MLflow tracking URI {uri!r} is not usable ({type(exc).__name__}); allowed: sqlite:///<file>, "
+            "http(s)://<server> or another store MLflow supports (set tracking.uri or MLFLOW_TRACKING_URI)"
+        ) from None
 
 
 def _find(client, cfg: Config):

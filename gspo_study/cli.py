@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gspo_study.config import ConfigError, load_config
-from gspo_study.errors import NonFiniteError
+from gspo_study.errors import NonFiniteError, SweepInterrupted
 from gspo_study.models.checkpoint import CheckpointError
 from gspo_study.tasks import TaskDataError
 
@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as exc:
         _error(f"error: {exc}")
         return 3
+    except SweepInterrupted as exc:
+        _error(f"error: {exc}")
+        return 1
     except KeyboardInterrupt:
         _error("interrupted")
         return 130

@@ -9,7 +9,9 @@ allowed; an unknown key suggests the closest valid one.
 from __future__ import annotations
 
 import difflib
+import math
 import os
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
@@ -184,6 +186,36 @@ def _closest(key: str) -> str:
     return f"; did you mean '{best[0]}'?" if best else ""
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKey(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep)
+
+
+def _no_dotted_keys(data: dict, path: Path, prefix: str = "") -> None:
+    """`train.lr: 1e-3` in a file is a key named 'train.lr', not train's lr: say how to write it."""
+    for key, value in data.items():
+        if isinstance(key, str) and "." in key:
+            head, _, leaf = key.partition(".")
+            raise ConfigError(
+                f"{path}: dotted key '{prefix}{key}' in a config file; allowed: nested keys, e.g. "
+                f"'{head}: {{{leaf}: ...}}' ('key.sub=value' is for the command line)"
+            )
+        if isinstance(value, dict):
+            _no_dotted_keys(value, path, f"{prefix}{key}.")
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
     """The chain of YAML dicts, base first."""
     if not path.is_file():
@@ -191,12 +223,19 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
     if path.resolve() in seen:
         raise ConfigError(f"config inheritance cycle at {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+    except _DuplicateKey as dup:
+        raise ConfigError(f"{path}: {dup}; each key may appear once per mapping") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
+    _no_dotted_keys(data, path)
     base = data.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"{path}: bad value {base!r} for 'base'; allowed: one file name (a string)")
     chain = _read_yaml(path.parent / base, (*seen, path.resolve())) if base else []
     return [*chain, data]
 
@@ -420,6 +459,7 @@ def validate(cfg: Config) -> None:
         f"bad value {cfg.results_dir!r} for 'results_dir'; allowed: a directory (or a path to create one at)",
     )
     _validate_optimisation(cfg)
+    _validate_ranges_and_paths(cfg)
 
 
 def _validate_optimisation(cfg: Config) -> None:
@@ -458,6 +498,85 @@ def _validate_optimisation(cfg: Config) -> None:
     _require(
         cfg.threads is None or cfg.threads >= 1,
         f"bad value {cfg.threads} for 'threads'; allowed: null (torch's default) or an integer >= 1",
+    )
+
+
+# A file or directory name the suite creates: no separators, not hidden, not '.' or '..', and short enough for
+# a run directory (`<name>-<12-hex run key>`) to stay under the usual 255-byte limit.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,=+@ -]{0,199}")
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range
+
+
+def _validate_ranges_and_paths(cfg: Config) -> None:
+    """Every number finite and in a range a run can use, and every name the suite turns into a path safe."""
+    for key, value in to_flat_dict(cfg).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"bad value {value} for '{key}'; allowed: a finite number")
+    _require(
+        0 <= cfg.seed <= MAX_SEED, f"bad value {cfg.seed} for 'seed'; allowed: an integer in [0, 2^63 - 1]"
+    )
+    within = {  # key: (low, high), both allowed; why each bound: the comment beside it
+        "rollout.temperature": (0.01, 100.0),  # below, logits / T overflow: every response is the argmax
+        "algo.advantage_eps": (0.0, 1.0),  # rewards lie in [0, 1]: a larger eps silences the advantages
+        "train.lr": (0.0, 1.0),  # AdamW moves each weight by about lr per update: lr > 1 destroys the model
+        "sft.lr": (0.0, 1.0),
+        "train.weight_decay": (0.0, 1.0),
+        "sft.weight_decay": (0.0, 1.0),
+    }
+    for key, (low, high) in within.items():
+        v = _get(cfg, key)
+        _require(low <= v <= high, f"bad value {v} for '{key}'; allowed: a number in [{low:g}, {high:g}]")
+    m = cfg.model
+    for key in PRESET_OVERRIDES:
+        v = getattr(m, key)
+        _require(
+            v is None or v >= 1,
+            f"bad value {v} for 'model.{key}'; allowed: null (the preset's) or an integer >= 1",
+        )
+    if m.path is None:  # a checkpoint's own shape is checked against the overrides when it is loaded
+        from gspo_study.models import PRESETS
+
+        preset = PRESETS.get(m.preset, {})
+        experts = m.num_experts or preset.get("num_experts", 0)
+        active = m.num_experts_per_tok or preset.get("num_experts_per_tok", 0)
+        _require(
+            active <= experts,
+            f"bad value {active} for 'model.num_experts_per_tok'; allowed: an integer in [1, {experts}] "
+            "(model.num_experts)",
+        )
+    tk = cfg.task
+    _require(tk.num_eval >= 1, f"bad value {tk.num_eval} for 'task.num_eval'; allowed: an integer >= 1")
+    try:
+        shown = {tk.prompt_template.format(prompt=p) for p in ("1+2=", "3+4=")}
+    except (KeyError, IndexError, ValueError, AttributeError) as exc:
+        raise ConfigError(
+            f"bad value {tk.prompt_template!r} for 'task.prompt_template' ({type(exc).__name__}: {exc}); "
+            "allowed: a format string whose only field is {prompt} (write a literal brace as {{ or }})"
+        ) from None
+    _require(
+        len(shown) == 2,
+        f"bad value {tk.prompt_template!r} for 'task.prompt_template'; allowed: a format string containing "
+        "{prompt}",
+    )
+    _require(
+        bool(_SAFE_NAME.fullmatch(cfg.sft.output)),
+        f"bad value {cfg.sft.output!r} for 'sft.output'; allowed: a checkpoint name (letters, digits, '_', "
+        "'-', '.', not starting with '.', at most 200 characters; no '/')",
+    )
+    name = cfg.tracking.run_name
+    _require(
+        name is None or bool(_SAFE_NAME.fullmatch(name)),
+        f"bad value {name!r} for 'tracking.run_name'; allowed: null (derived) or a name of letters, digits, "
+        "spaces and _ - . , = + @, not starting with '.', at most 200 characters (it names the run's directory)",
+    )
+    _require(
+        bool(cfg.tracking.experiment.strip()) and len(cfg.tracking.experiment) <= 200,
+        f"bad value {cfg.tracking.experiment!r} for 'tracking.experiment'; allowed: a non-empty name of at most "
+        "200 characters",
+    )
+    _require(
+        bool(str(cfg.results_dir).strip()),
+        f"bad value {cfg.results_dir!r} for 'results_dir'; allowed: a directory path (not empty)",
     )
 
 

@@ -3,10 +3,16 @@
 Trains a fresh preset model (or a local checkpoint) with the token-mean cross-entropy of correct
 responses, AdamW with linear warm-up and cosine decay to 10% of the peak lr, then saves a standard HF
 checkpoint (atomically) with the tokenizer and a small JSON log. Deterministic for a seed on CPU.
+
+One process at a time makes a cold start: a lock file beside it (`<checkpoints>/.<name>.lock`, an OS lock
+that a killed process releases) serialises `sft` and the sweeps that train a missing cold start, which
+wait and then reuse the one made meanwhile (`ensure_coldstart`); holding it, an SFT first clears what a
+killed save left (`.<name>.tmp-*`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -18,10 +24,11 @@ from tqdm import tqdm
 
 from gspo_study.config import Config, coldstart_name
 from gspo_study.evaluate import sampled_pass1
-from gspo_study.models import save_pretrained
+from gspo_study.models import finish_interrupted_save, save_pretrained
+from gspo_study.models.checkpoint import is_complete
 from gspo_study.rollout.base import teacher_forced_batch
 from gspo_study.runtime import load_policy, seed_everything
-from gspo_study.tasks import get_task
+from gspo_study.tasks import TaskDataError, get_task
 from gspo_study.train.forward import token_logprobs
 
 
@@ -45,11 +52,65 @@ def checkpoint_dir(cfg: Config, name: str | None = None) -> Path:
     return cfg.out_dir / "checkpoints" / (name or coldstart_name(cfg))
 
 
+@contextlib.contextmanager
+def coldstart_lock(cfg: Config):
+    """Held while this process makes `checkpoint_dir(cfg)`; waits for another holder (a cold start takes
+    minutes), saying so once."""
+    from filelock import FileLock, Timeout
+
+    out = checkpoint_dir(cfg)
+    lock = FileLock(out.with_name(f".{out.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"waiting for another process making cold start {out}", flush=True)
+        lock.acquire()
+    try:
+        finish_interrupted_save(out)  # what a killed save left; nobody else is saving it now
+        yield out
+    finally:
+        lock.release()
+
+
 def run_sft(cfg: Config) -> Path:
-    """Train the cold-start model and return its checkpoint directory."""
+    """Train the cold-start model and return its checkpoint directory (replacing one already there)."""
+    _preflight(cfg)
+    with coldstart_lock(cfg):
+        return _train(cfg)
+
+
+def ensure_trained(cfg: Config) -> Path:
+    """The cold start `cfg` describes, trained first if it is missing — once, whatever the number of processes
+    asking at the same time: the others wait for it and reuse it."""
+    out = checkpoint_dir(cfg)
+    if is_complete(out):
+        return out
+    _preflight(cfg)
+    with coldstart_lock(cfg):
+        if not is_complete(out):
+            print(f"cold-start checkpoint {out} missing: training it", flush=True)
+            _train(cfg)
+    return out
+
+
+def _preflight(cfg: Config) -> None:
+    """Before minutes of training: the checkpoint can be written, and the task has SFT targets."""
+    from gspo_study.train.checkpointing import MIN_FREE_BYTES, probe_directory
+
+    probe_directory(checkpoint_dir(cfg).parent, MIN_FREE_BYTES, "results_dir", cfg.results_dir)
+    task = get_task(cfg.task)
+    if any(task.sft_target(p) is None for p in task.sample_train(1, random.Random(cfg.seed))):
+        raise TaskDataError(f"task {task.name!r} has no SFT targets (its records need a 'solution' field)")
+
+
+def _train(cfg: Config) -> Path:
     seed_everything(cfg.seed, cfg.threads)
     task = get_task(cfg.task)
     model, tokenizer = load_policy(cfg, path=cfg.model.path)
+    if cfg.model.path is not None:  # a preset override it does not have would be ignored
+        from gspo_study.train.checkpointing import check_shape
+
+        check_shape(cfg, model, Path(cfg.model.path))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.sft.warmup_steps, cfg.sft.steps))
     rng, log, start = random.Random(cfg.seed), [], time.time()
@@ -61,7 +122,9 @@ def run_sft(cfg: Config) -> Path:
         problems = task.sample_train(cfg.sft.batch_size, rng)
         targets = [task.sft_target(p) for p in problems]
         if any(t is None for t in targets):
-            raise ValueError(f"task {task.name!r} has no SFT targets (records need a 'solution' field)")
+            raise TaskDataError(
+                f"task {task.name!r} has no SFT targets (its records need a 'solution' field)"
+            )
         loss = sft_loss(model, teacher_forced_batch(tokenizer, [p.prompt for p in problems], targets))
         opt.zero_grad(set_to_none=True)
         loss.backward()

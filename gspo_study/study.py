@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import yaml
@@ -28,6 +29,7 @@ from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this
     coldstart_overrides,
     load_config,
 )
+from gspo_study.errors import SweepInterrupted
 from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this module's interface)
 
 DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "paper": [1]}
@@ -102,21 +104,17 @@ def _items(figure, scale: str, seeds: list[int]) -> list[tuple[tuple[str, ...], 
 
 
 def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
-    """The scale's cold-start checkpoint (for the model the overrides describe), trained first if missing."""
-    from gspo_study.models.checkpoint import is_complete
-    from gspo_study.sft import checkpoint_dir, run_sft
+    """The scale's cold-start checkpoint (for the model the overrides describe), trained first if missing
+    (under the cold start's lock: two sweeps needing it at once train it once, `sft.ensure_trained`)."""
+    from gspo_study.sft import ensure_trained
 
     cfg = load_config(EXPERIMENTS / scale / "coldstart.yaml", list(overrides))
     own = EXPERIMENTS / scale / f"{coldstart_name(cfg)}.yaml"  # an architecture's own recipe, if it has one
     if own.is_file():
         cfg = load_config(own, list(overrides))
-    path = checkpoint_dir(cfg)
     if cfg.init_checkpoint:
         return Path(cfg.init_checkpoint)
-    if not is_complete(path):
-        print(f"cold-start checkpoint {path} missing: training it")
-        run_sft(cfg)
-    return path
+    return ensure_trained(cfg)
 
 
 def base_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
@@ -171,6 +169,11 @@ def run_figure(
                 print(
                     f"== figure {figure} [{n}/{len(configs)}] {labels[futures[future]]}: {what}", flush=True
                 )
+        except BrokenProcessPool:
+            raise SweepInterrupted(
+                f"figure {figure}: a worker process died (killed, or out of memory); the runs finished so far are "
+                "kept and the others resume where they stopped: rerun the same command"
+            ) from None
         except BaseException:
             for future in futures:
                 future.cancel()

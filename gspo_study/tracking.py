@@ -12,10 +12,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -231,19 +234,83 @@ def _connect_once(uri: str, experiment: str):
         _probe_http(uri)
     # Processes that open one new sqlite store at once each run MLflow's schema migrations, and concurrent
     # migrations leave it broken for good (duplicate columns, stray alembic temp tables); a lock file beside
-    # the store lets one process create the schema while the others wait.
+    # the store lets one process create the schema while the others wait. The migration itself is not atomic
+    # either (a kill mid-way leaves `_alembic_tmp_*` tables), so a new store is built under another name and
+    # renamed into place complete (`_create_sqlite_store`).
     sqlite = uri.startswith("sqlite:///")
     with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300) if sqlite else nullcontext():
+        if sqlite:
+            _create_sqlite_store(Path(uri.removeprefix("sqlite:///")), uri)
         client = _client(uri)
         return client, _experiment_id(client, experiment, uri)
 
 
+def _create_sqlite_store(db: Path, uri: str) -> None:
+    """Make `db` a complete MLflow store if it is not one yet, atomically: the schema is created in
+    `<db>.tmp-<pid>` and renamed to `db`, so a kill at any moment leaves either no store or a whole one (and a
+    temporary file, removed here next time). A store left half-migrated by an older version (an
+    `_alembic_tmp_*` table) that holds no run is rebuilt; one that holds runs is a one-line error. Called under
+    the store's lock."""
+    import sqlite3
+
+    for stale in db.parent.glob(f"{db.name}.tmp-*"):  # from a creator killed mid-way (we hold the lock)
+        stale.unlink(missing_ok=True)
+    if db.is_file() and db.stat().st_size > 0:
+        with contextlib.closing(sqlite3.connect(db)) as con:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not any(t.startswith("_alembic_tmp_") for t in tables):
+                return
+            runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+        if runs:
+            raise ConfigError(
+                f"MLflow store {db} is half-migrated (stray _alembic_tmp_ tables) and holds {runs} runs; "
+                "restore it from a backup or run `mlflow db upgrade` on a copy"
+            )
+        db.unlink()
+    import logging
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    for name in ("mlflow.store.db.utils", "alembic"):  # schema-creation chatter, as in `_client`
+        logging.getLogger(name).setLevel(logging.WARNING)
+    tmp = db.with_name(f"{db.name}.tmp-{os.getpid()}")
+    store = SqlAlchemyStore(f"sqlite:///{tmp}", artifact_location(uri))
+    store.engine.dispose()
+    os.replace(tmp, db)
+
+
+def _check_store(uri: str) -> None:
+    """Fast one-line errors for a store that cannot work, before MLflow retries for minutes: a sqlite path that
+    is a directory, in a missing or read-only directory, on a full disk, or a file that cannot be written."""
+    if not uri.startswith("sqlite:"):
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    where = f"MLflow store {uri!r}"
+    if not uri.startswith("sqlite:///") or db.is_dir() or str(db) in ("", ":memory:"):
+        raise ConfigError(f"{where} is not a sqlite file; allowed: sqlite:///<path to a .db file>")
+    if not db.parent.is_dir():
+        raise ConfigError(f"{where}: directory {db.parent} does not exist; create it or choose another path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{db.name}.probe-", dir=db.parent)  # sqlite writes a journal here
+        os.close(fd)
+        os.unlink(probe)
+        if db.exists():
+            os.close(os.open(db, os.O_WRONLY | os.O_APPEND))  # opened, not written
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be written ({exc.strerror}); allowed: a writable file") from None
+    if shutil.disk_usage(db.parent).free < 16 << 20:
+        raise ConfigError(f"{where}: less than 16 MiB free in {db.parent}; free some space")
+
+
 def _connect(uri: str, experiment: str):
     """(client, experiment id); an unreachable store is a one-line ConfigError, found fast (no retry storm)."""
+    _check_store(uri)
     attempts = 3 if uri.startswith("sqlite:") else 1  # a busy sqlite store may refuse a first connection
     for i in range(attempts):
         try:
             return _connect_once(uri, experiment)
+        except ConfigError:
+            raise
         except Exception as exc:  # noqa: BLE001 - mlflow and urllib raise many types for a bad store
             if i + 1 == attempts:
                 raise ConfigError(

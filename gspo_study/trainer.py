@@ -365,14 +365,14 @@ def eval_metrics(ctx: Context) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ loop
-def setup(cfg: Config, mlflow_run_id: str | None = None) -> Context:
+def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None = None) -> Context:
     """Build everything a run needs; every bad input fails here, before the run is tracked."""
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task)
     task.eval_problems(cfg.eval.num_prompts)  # a task with fewer held-out problems fails here, not at step 0
-    model, tokenizer, state, optim_state = load_run_checkpoint(cfg, mlflow_run_id)
+    model, tokenizer, state, optim_state = load_run_checkpoint(cfg, mlflow_run_id, logged_upto)
     if cfg.algo.routing_replay != "none" and not has_moe(model):
         raise ConfigError(
             f"algo.routing_replay={cfg.algo.routing_replay!r} needs a model with MoE layers; this model has "
@@ -456,7 +456,7 @@ def _train(cfg: Config) -> dict[str, float]:
     if tracker is not None and tracker.finished():
         print(f"run {tracker.run_id} ({run_dir(cfg).name}) already finished; skipping")
         return {}
-    ctx = setup(cfg, tracker.run_id if tracker is not None else None)
+    ctx = setup(cfg, *((tracker.run_id, tracker.logged_upto) if tracker is not None else (None, None)))
     if ctx.rank == 0 and tracker is not None:  # resuming
         tracker.log_missing_params(cfg)
     ctx.tracker = tracker = (tracker or Tracker.open(cfg, origin=origin)) if ctx.rank == 0 else NullTracker()

@@ -119,10 +119,14 @@ def test_nonfinite_update_is_skipped_and_counted():
     assert (state.nonfinite_streak, state.nonfinite_total) == (1, 3)
 
 
-def test_diverging_run_stops_cleanly_without_nonfinite_checkpoint(smoke_cfg, capsys):
-    cfg = smoke_cfg(
-        "train.lr=1e30", "train.steps=3", "train.checkpoint_every=1", "train.max_nonfinite_updates=2"
-    )
+def _diverging(cfg):
+    """An lr no config accepts (train.lr is at most 1): set after validation, to make a run diverge."""
+    cfg.train.lr = 1e30
+    return cfg
+
+
+def test_diverging_run_stops_cleanly_without_nonfinite_checkpoint(smoke_cfg, capsys, monkeypatch):
+    cfg = _diverging(smoke_cfg("train.steps=3", "train.checkpoint_every=1", "train.max_nonfinite_updates=2"))
     with pytest.raises(NonFiniteError):
         train(cfg)
     ckpt = run_dir(cfg) / "checkpoint"
@@ -134,6 +138,10 @@ def test_diverging_run_stops_cleanly_without_nonfinite_checkpoint(smoke_cfg, cap
     client = MlflowClient(tracking_uri(cfg))
     run = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])[0]
     assert run.info.status == "FAILED"
+    import gspo_study.cli
+
+    real = gspo_study.cli.load_config
+    monkeypatch.setattr(gspo_study.cli, "load_config", lambda *a, **k: _diverging(real(*a, **k)))
     assert main(["train", SMOKE, *[f"{k}={v}" for k, v in _cli_pairs(cfg)]]) == 3
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error:") and "non-finite" in err
@@ -144,7 +152,6 @@ def _cli_pairs(cfg):
         ("results_dir", cfg.results_dir),
         ("tracking.uri", cfg.tracking.uri),
         ("init_checkpoint", cfg.init_checkpoint),
-        ("train.lr", "1e30"),
         ("train.steps", 3),
         ("train.max_nonfinite_updates", 2),
         ("seed", 7),
@@ -175,7 +182,7 @@ def _no_moe_checkpoint(path: Path) -> Path:
         (["sft.target_pass1=1.5"], "'sft.target_pass1'; allowed: null or a number in [0, 1]"),
         (["eval.num_prompts=100"], "held-out problems; lower eval.num_prompts"),
         (["results_dir=A_FILE"], "for 'results_dir'; allowed: a directory"),
-        (["init_checkpoint=TRUNCATED"], "cannot be loaded (SafetensorError"),
+        (["init_checkpoint=TRUNCATED"], "model.safetensors does not match its hash in MANIFEST.json"),
     ],
 )
 def test_bad_input_one_line_nothing_written(smoke_results, tmp_path, capsys, extra, fragment):

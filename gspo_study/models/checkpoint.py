@@ -2,10 +2,15 @@
 
 A checkpoint is first written to a temporary sibling directory and renamed into place, so a killed
 process never leaves a half-written checkpoint under the final name. Loading uses safetensors only.
+
+Every checkpoint written here carries `MANIFEST.json`, the SHA-256 of each of its files; loading checks
+them before anything is read, so flipped bytes, a swapped weights file or an edited `trainer_state.json`
+are refused as damaged. A checkpoint written before manifests existed loads unchecked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -21,6 +26,8 @@ from transformers.utils import logging as hf_logging
 hf_logging.disable_progress_bar()  # per-shard bars would bury our own progress bar and one-line errors
 
 COMPLETE_MARKER = "CHECKPOINT_COMPLETE"
+MANIFEST = "MANIFEST.json"  # {"files": {relative path: {"sha256": hex, "bytes": n}}}
+WEIGHTS_SUFFIX = ".safetensors"  # what `fingerprint` covers: the weights, not logs or optimizer state
 
 
 class CheckpointError(ValueError):
@@ -60,13 +67,14 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         yield tmp
+        write_manifest(tmp)
         (tmp / COMPLETE_MARKER).write_text("ok\n")
         old = path.with_name(f".{path.name}.old")
-        if path.exists():
-            shutil.rmtree(old, ignore_errors=True)
+        if path.exists() or path.is_symlink():
+            _remove(old)  # a stray file or directory of that name never blocks a save
             path.rename(old)
         tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -80,6 +88,8 @@ def finish_interrupted_save(path: str | Path) -> None:
     path = Path(path)
     if not path.parent.is_dir():
         return
+    if (path.exists() or path.is_symlink()) and not path.is_dir():
+        _remove(path)  # a file where the checkpoint directory belongs: nothing to resume from
     temps = sorted(path.parent.glob(f".{path.name}.tmp-*"), key=lambda p: p.stat().st_mtime)
     old = path.with_name(f".{path.name}.old")
     if not path.exists():
@@ -89,15 +99,84 @@ def finish_interrupted_save(path: str | Path) -> None:
                 break
     for leftover in [*temps, old]:  # incomplete ones always; complete ones once `path` holds a checkpoint
         if path.exists() or not (leftover / COMPLETE_MARKER).is_file():
-            shutil.rmtree(leftover, ignore_errors=True)
+            _remove(leftover)
+
+
+def _remove(path: Path) -> None:
+    """Delete `path`, whatever it is (directory, file, link); absent is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _payload(directory: Path) -> list[Path]:
+    """The files a manifest covers: all of them but the manifest and the completion marker."""
+    skip = {MANIFEST, COMPLETE_MARKER}
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in skip)
+
+
+def write_manifest(directory: str | Path) -> None:
+    directory = Path(directory)
+    files = {
+        str(f.relative_to(directory)): {"sha256": _sha256(f), "bytes": f.stat().st_size}
+        for f in _payload(directory)
+    }
+    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+
+
+def _manifest(path: Path) -> dict[str, dict] | None:
+    """The checkpoint's manifest entries; None for a checkpoint written before manifests."""
+    file = path / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        files = json.loads(file.read_text(encoding="utf-8"))["files"]
+        assert isinstance(files, dict) and all(isinstance(v["sha256"], str) for v in files.values())
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise CheckpointError(f"{file} is damaged (not a manifest of file hashes)") from None
+    return files
+
+
+def verify(path: str | Path) -> None:
+    """Check every file of a checkpoint against its manifest (CheckpointError naming the first mismatch);
+    a file the manifest does not list that would be loaded (weights, pickles, JSON) is a mismatch too."""
+    path = Path(path)
+    files = _manifest(path)
+    if files is None:
+        return
+    for name, want in sorted(files.items()):
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{path} is damaged: {name} is missing (listed in {MANIFEST})")
+        if f.stat().st_size != want.get("bytes", f.stat().st_size) or _sha256(f) != want["sha256"]:
+            raise CheckpointError(f"{path} is damaged: {name} does not match its hash in {MANIFEST}")
+    for f in _payload(path):
+        name = str(f.relative_to(path))
+        if name not in files and f.suffix in (WEIGHTS_SUFFIX, ".pt", ".bin", ".json", ".pth"):
+            raise CheckpointError(f"{path} is damaged: {name} is not listed in {MANIFEST}")
 
 
 def fingerprint(path: str | Path) -> str:
-    """16 hex digits identifying a checkpoint directory's contents cheaply (also for 60 GB checkpoints): the
-    names and sizes of its files and the bytes of its small JSON files (config, SFT log with its timings), so
-    a retrained cold start at the same path gets a new fingerprint."""
-    import hashlib
-
+    """16 hex digits identifying the weights a run starts from: the SHA-256 of each weights file (from the
+    manifest, which loading verifies), so the same weights saved twice — a cold start retrained to identical
+    tensors, whose log holds other timings — keep their fingerprint and a retrained cold start with other
+    weights gets a new one. A checkpoint without a manifest (written before them) keeps its old fingerprint —
+    names and sizes of its files and the bytes of its small JSON files — so runs already tracked from it keep
+    resuming."""
+    path = Path(path)
+    files = _manifest(path)
+    if files is not None:
+        weights = sorted((k, v["sha256"]) for k, v in files.items() if k.endswith(WEIGHTS_SUFFIX))
+        return hashlib.sha256(json.dumps(weights).encode()).hexdigest()[:16]
     h = hashlib.sha256()
     for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
         h.update(f"{f.relative_to(path)}:{f.stat().st_size};".encode())
@@ -126,15 +205,19 @@ def load_pretrained(
     if not cfg_file.is_file():
         raise CheckpointError(f"{path} is not a Hugging Face checkpoint (no config.json)")
     try:
-        model_type = json.loads(cfg_file.read_text()).get("model_type")
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{cfg_file} is not valid JSON") from None
+        meta = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        raise CheckpointError(f"{cfg_file} is not valid UTF-8 JSON") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{cfg_file} must hold a JSON object, got a {type(meta).__name__}")
+    model_type = meta.get("model_type")
     if model_type != "qwen3_moe":
         raise CheckpointError(
             f"{path} holds model_type {model_type!r}; a Qwen3-MoE checkpoint ('qwen3_moe') is required"
         )
     if not is_complete(path):
         raise CheckpointError(f"{path} is an incomplete checkpoint (no weights or completion marker)")
+    verify(path)  # before anything is read
     kwargs: dict[str, Any] = {"dtype": dtype}
     if experts_implementation:
         kwargs["experts_implementation"] = experts_implementation

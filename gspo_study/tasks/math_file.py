@@ -47,8 +47,12 @@ def read_records(path: str | Path) -> list[dict]:
         return [_check_record(r, f"{path}: row {i}") for i, r in enumerate(frame.to_dict("records"))]
     if path.suffix not in (".jsonl", ".json"):
         raise TaskDataError(f"{path}: unsupported dataset format {path.suffix!r}; allowed: .jsonl, .parquet")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskDataError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
     records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -91,6 +95,11 @@ class MathFileTask:
         return [self._problem(self.train[i], f"train-{i}") for i in idx]
 
     def eval_problems(self, n: int) -> list[Problem]:
+        if n > len(self.held_out):
+            raise TaskDataError(
+                f"eval.num_prompts={n} but the task has {len(self.held_out)} held-out problems; lower "
+                "eval.num_prompts"
+            )
         return [self._problem(r, f"eval-{i}") for i, r in enumerate(self.held_out[:n])]
 
     def sft_target(self, problem: Problem) -> str | None:

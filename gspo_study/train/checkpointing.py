@@ -185,14 +185,58 @@ def require_start(cfg: Config) -> Path:
 
 
 def _load_model(cfg: Config, path: Path):
-    return load_pretrained(
+    model, tokenizer = load_pretrained(
         path, dtype=DTYPES[cfg.model.dtype], experts_implementation=cfg.model.experts_implementation
     )
+    check_shape(cfg, model, path)
+    return model, tokenizer
+
+
+def check_shape(cfg: Config, model, path: Path) -> None:
+    """The config must describe the model it trains: a preset override (`model.num_hidden_layers=4`) the
+    checkpoint does not have would be recorded in MLflow but never trained, and rollouts longer than the
+    model's positions cannot be generated."""
+    for key in PRESET_OVERRIDES:
+        want, have = getattr(cfg.model, key), getattr(model.config, key, None)
+        if want is not None and have != want:
+            raise ConfigError(
+                f"model.{key}={want} but checkpoint {path} has {key}={have}; allowed: the checkpoint's own "
+                f"value (drop the override) or a checkpoint of that shape"
+            )
+    limit = model.config.max_position_embeddings
+    if cfg.rollout.max_new_tokens >= limit:
+        raise ConfigError(
+            f"bad value {cfg.rollout.max_new_tokens} for 'rollout.max_new_tokens'; allowed: fewer than the "
+            f"model's {limit} positions (max_position_embeddings of {path}), prompt included"
+        )
+
+
+def _state(data: object) -> RunState:
+    """A RunState from trainer_state.json, every field of its declared type (a string step is damage)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"trainer state is a {type(data).__name__}, not an object")
+    out = RunState()
+    unknown = set(data) - {f.name for f in fields(RunState)}
+    if unknown:
+        raise ValueError(f"trainer state has unknown fields {sorted(unknown)}")
+    for f in fields(RunState):
+        if f.name not in data:  # a field added since this checkpoint was written: its default
+            continue
+        v, kind = data[f.name], type(getattr(out, f.name))
+        ok = isinstance(v, kind) and not isinstance(v, bool) or kind is float and isinstance(v, int)
+        if not ok or (kind is not str and v < 0):
+            raise ValueError(f"trainer state {f.name}={v!r} is not a non-negative {kind.__name__}")
+        setattr(out, f.name, kind(v))
+    return out
 
 
 def _resume(cfg: Config, path: Path):
-    model, tokenizer = _load_model(cfg, path)
-    state = RunState(**json.loads((path / "trainer_state.json").read_text()))
+    model, tokenizer = _load_model(cfg, path)  # verified against its manifest first
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise CheckpointError(f"{path} has non-finite weights")
+    state = _state(json.loads((path / "trainer_state.json").read_text()))
+    if state.step > cfg.train.steps:
+        raise ValueError(f"its step {state.step} is beyond train.steps={cfg.train.steps}")
     optim_file = path / "optimizer.pt"
     optim = (
         torch.load(optim_file, weights_only=True)
@@ -202,23 +246,28 @@ def _resume(cfg: Config, path: Path):
     return model, tokenizer, state, optim
 
 
-def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None):
+def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None, logged_upto: int | None = None):
     """(model, tokenizer, RunState, optimizer state or None): the run's last checkpoint, else its start.
 
     A checkpoint is resumed only by the MLflow run that wrote it (`mlflow_run_id`; None for a run not yet
-    tracked): resuming another store's checkpoint would leave this run's early steps unlogged.
+    tracked): resuming another store's checkpoint would leave this run's early steps unlogged. It is saved
+    after its step is logged, so a checkpoint ahead of the store's last logged step (`logged_upto`) did not
+    come from this run's history and is not resumed either (its steps would never be logged). A checkpoint
+    that fails its manifest, holds non-finite weights or a malformed state is skipped as damaged.
     """
     ckpt = run_dir(cfg) / "checkpoint"
     if ckpt.exists():
         try:
             model, tokenizer, state, optim = _resume(cfg, ckpt)
-            if state.mlflow_run_id == mlflow_run_id:
+            if state.mlflow_run_id != mlflow_run_id:
+                why = f"belongs to MLflow run {state.mlflow_run_id!r}, not to this store's run {mlflow_run_id!r}"
+            elif logged_upto is not None and state.step > logged_upto:
+                why = f"is at step {state.step}, beyond its MLflow run's last logged step {logged_upto}"
+            else:
                 return model, tokenizer, state, optim
-            warnings.warn(
-                f"checkpoint {ckpt} belongs to MLflow run {state.mlflow_run_id!r}, not to this "
-                f"store's run {mlflow_run_id!r}; starting over",
-                stacklevel=2,
-            )
+            warnings.warn(f"checkpoint {ckpt} {why}; starting over", stacklevel=2)
+        except ConfigError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is skipped, never half-loaded
             warnings.warn(
                 f"skipping unreadable checkpoint {ckpt} ({type(exc).__name__}: {exc}); starting over",

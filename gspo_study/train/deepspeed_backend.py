@@ -18,18 +18,58 @@ as a skipped update, and stops the run (NonFiniteError) if the optimizer did not
 Checkpoints: ZeRO state is partitioned across ranks, so every rank writes its partition with DeepSpeed's
 own `save_checkpoint` under `<run dir>/zero/<tag>` before rank 0 commits the run checkpoint that names the
 tag; resuming loads that tag on every rank (weights and Adam moments), so a resumed run continues exactly.
+DeepSpeed reads those files with `torch.load(weights_only=False)`, which runs whatever a pickle says; we
+hand its checkpoint engine a loader with `weights_only=True` that admits, besides tensors and containers,
+only the few DeepSpeed classes its own files hold (`ZERO_SAFE_GLOBALS`): anything else is refused with a
+one-line CheckpointError and nothing in the file runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import pickle
 import warnings
 from pathlib import Path
 
 import torch
 
 from gspo_study.errors import NonFiniteError
+from gspo_study.models.checkpoint import CheckpointError
 from gspo_study.train.torch_backend import param_groups, scaled_lrs
+
+# What DeepSpeed's ZeRO-2/3 files hold besides tensors and containers (checked with
+# torch.serialization.get_unsafe_globals_in_checkpoint on files it wrote, fp32 and bf16).
+ZERO_SAFE_GLOBALS = (
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+)
+
+
+def _safe_globals() -> list:
+    import importlib
+
+    out = []
+    for name in ZERO_SAFE_GLOBALS:
+        module, _, attr = name.rpartition(".")
+        with contextlib.suppress(ImportError, AttributeError):  # another DeepSpeed version: fewer classes
+            out.append(getattr(importlib.import_module(module), attr))
+    return out
+
+
+def safe_load(path: str, map_location=None):
+    """`torch.load` of a DeepSpeed checkpoint file without running arbitrary pickled code: `weights_only=True`
+    plus `ZERO_SAFE_GLOBALS`; anything else is a CheckpointError naming the file."""
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        detail = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise CheckpointError(
+            f"refusing ZeRO checkpoint file {path}: it holds objects a checkpoint never needs ({detail}); delete "
+            "the run's checkpoint directory to start the run over"
+        ) from None
 
 
 def ds_config(cfg, micro_batch_size: int, accumulation: int) -> dict:
@@ -94,7 +134,10 @@ class DeepSpeedBackend:
         self.engine.save_checkpoint(str(directory), tag=tag, save_latest=False)
 
     def load_sharded(self, directory: Path, tag: str) -> None:
-        """Collective: every rank reads its partition of `directory/tag` back (weights and Adam state)."""
+        """Collective: every rank reads its partition of `directory/tag` back (weights and Adam state), through
+        `safe_load` (never DeepSpeed's own unpickling loader)."""
+        engine = self.engine.checkpoint_engine
+        engine.load = safe_load  # an instance attribute: this engine only
         path, _ = self.engine.load_checkpoint(
             str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
         )
