@@ -47,7 +47,7 @@ if __package__ in (None, ""):  # run as a script (the Makefile does): make `anal
 import pandas as pd  # noqa: E402
 
 from analysis.common import PASS1, REWARD, Study, label, load, log_outputs, mean_ci  # noqa: E402
-from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, sweep_table  # noqa: E402
+from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, lag_table, sweep_table  # noqa: E402
 from gspo_study.archive import draw_notice  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
 from gspo_study.study import figure_configs, parse_seeds, run_config  # noqa: E402
@@ -203,6 +203,23 @@ def _sweep(study: Study):
     )
 
 
+def _lag(study: Study):
+    """Claim 4 where routing's share of the log-ratio is largest: the policy-lag sweep's lag with the highest
+    mean `moe/route/var_share` of GRPO without replay."""
+    t = lag_table(study)
+    total = len(study.runs) + len(study.missing)
+    share = t[t.run == "grpo"].groupby("lag").share.mean()
+    if share.empty:
+        return f"{len(study.runs)} of {total} sweep runs; none of GRPO without replay", "inconclusive"
+    worst = int(share.idxmax())
+    final = t[t.lag == worst].set_index(["run", "seed"]).final
+    mean, lo, hi, n = mean_ci((final.loc["grpo"] - final.loc["grpo_r2"]).dropna())
+    shares = ", ".join(f"lag {lag}: {v:.3g}" for lag, v in share.items())
+    text = (f"{len(study.runs)} of {total} sweep runs; routing's share of Var log-ratio (GRPO, no replay) "
+            f"{shares}; at lag {worst}: GRPO (no replay) − GRPO + R2 final pass@1 {_fmt(mean, lo, hi)} (n={n})")  # fmt: skip
+    return text, verdict("diff", lo, hi, -1)
+
+
 CLAIMS = [
     Claim("RL improves on the cold start (precondition for the claims below)", "steady gains with "
           "training compute (Fig. 1)", ("gspo",), _improves),
@@ -218,6 +235,8 @@ CLAIMS = [
           "(no number reported)", ("gspo_bf16_rollout", "gspo_bf16_recompute"), _precision),
     Claim("Where routing moves, GRPO without replay falls behind GSPO and GRPO + R2 (Fig. 8, ours)",
           "§5.3: GRPO without replay fails on MoE; replay or GSPO fixes it", (), _sweep, figure=8),
+    Claim("Where routing is most of the ratio (policy lag, Fig. 9, ours), GRPO without replay falls behind "
+          "GRPO + R2", "§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows", (), _lag, figure=9),
 ]  # fmt: skip
 
 

@@ -204,8 +204,9 @@ def test_report_one_row_per_claim(study):
     start = np.mean([h[mlflow_key(PASS1)][0] for h in hist.values()])
     gains = [h[mlflow_key(PASS1)][max(h[mlflow_key(PASS1)])] - h[mlflow_key(PASS1)][0] for h in hist.values()]
     assert f"({start:.3g}): {np.mean(gains):.4g}" in table[0]  # claim 1: gain over the cold start
-    counts = re.search(r"(\d+) of (\d+) sweep runs", table[-1])  # figure 8's sweep was not trained here:
-    assert table[-1].endswith("| not run |") if counts is None else int(counts[1]) < int(counts[2])
+    for row in table[-2:]:  # figures 8 and 9's sweeps were not trained here:
+        counts = re.search(r"(\d+) of (\d+) sweep runs", row)
+        assert row.endswith("| not run |") if counts is None else int(counts[1]) < int(counts[2])
 
 
 def test_report_without_any_run_stops_and_keeps_the_old_report(study, tmp_path):
@@ -360,3 +361,6 @@ def test_figure_9_policy_lag_sweep(smoke_results, tmp_path):
         want = seed_stats(per_run(r.run, int(r.x), mean_of("moe/route/clip_flip_token")))
         assert all(close(u, v) for u, v in zip((r.mean, r.lower, r.upper, r.n_seeds), want))
     assert set(csv.panel) == set("abcde")
+    text = report.make_report("smoke", SEEDS, overrides).read_text()
+    row = [line for line in text.splitlines() if "(policy lag, Fig. 9, ours)" in line]
+    assert len(row) == 1 and f"{len(cfgs)} of {len(cfgs)} sweep runs" in row[0] and "at lag " in row[0]
