@@ -75,6 +75,13 @@ class AlgoConfig:
     routing_replay: str = "none"  # none | r2 (replay π_old's routing) | r3 (the rollout's): gspo_study.moe.modes
     old_logprobs: str = "recompute"  # recompute (training engine) | rollout (rollout engine's, §5.4)
     advantage_eps: float = 1e-6  # added to the group std in Â = (r - mean) / (std + eps)
+    # train–inference correction from the rollout engine's μ to π_old (gspo_study.objectives.correction): none |
+    # token_truncate | token_mask | icepop | sequence_truncate | sequence_mask | geometric_mask (TRL/verl names)
+    rollout_correction: str = "none"
+    rollout_correction_cap: float = 3.0  # C: truncate at C, mask outside [1/C, C] (TRL's default cap)
+    rollout_correction_geo_cap: float = 1.01  # C_g of geometric_mask: exp(mean log w) outside [1/C_g, C_g] (ours)
+    icepop_low: float = 0.5  # IcePop's token mask keeps w in [low, high] (IcePop / slime defaults)
+    icepop_high: float = 2.0
 
 
 @dataclass
@@ -383,6 +390,7 @@ def validate(cfg: Config) -> None:
         )
     from gspo_study.moe.modes import REPLAY_MODES
     from gspo_study.objectives import OBJECTIVES, get_objective
+    from gspo_study.objectives.correction import check_correction
     from gspo_study.tasks import TASKS
 
     _require(
@@ -411,6 +419,18 @@ def validate(cfg: Config) -> None:
         _require(
             cfg.algo.clip_low <= 1, f"bad value {cfg.algo.clip_low!r} for 'algo.clip_low'; allowed: [0, 1]"
         )
+    a = cfg.algo
+    try:  # the correction's names and ranges; it needs π_old and μ to differ in kind
+        check_correction(a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_geo_cap,
+                         (a.icepop_low, a.icepop_high))  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    _require(
+        a.rollout_correction == "none" or a.old_logprobs == "recompute",
+        f"algo.rollout_correction={a.rollout_correction!r} corrects μ (the rollout engine) to π_old (the training "
+        "engine); with algo.old_logprobs=rollout π_old is μ and there is nothing to correct; allowed here: "
+        "algo.rollout_correction=none, or algo.old_logprobs=recompute",
+    )
     try:  # the objective's own checks: names and ranges of its hyperparameters
         get_objective(cfg.algo.objective, cfg.algo.aggregation, **objective_hparams(cfg))
     except ValueError as exc:

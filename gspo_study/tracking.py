@@ -44,7 +44,8 @@ NON_IDENTITY = (
 # random stream), so any other value is a different run.
 LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10,
                "rollout.sharded": False, "eval.batch_size": 256, "rollout.policy_lag": 0,
-               "algo.hparams": {}}  # fmt: skip
+               "algo.hparams": {}, "algo.rollout_correction": "none", "algo.rollout_correction_cap": 3.0,
+               "algo.rollout_correction_geo_cap": 1.01, "algo.icepop_low": 0.5, "algo.icepop_high": 2.0}  # fmt: skip
 # Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
 # grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
 # on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).

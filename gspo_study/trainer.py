@@ -47,6 +47,7 @@ from gspo_study.moe import (
     routing_volatility,
 )
 from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
+from gspo_study.objectives.correction import correction_weights
 from gspo_study.rollout import RolloutBatch, make_engine
 from gspo_study.rollout.base import merge_batches
 from gspo_study.tasks import get_task
@@ -178,13 +179,35 @@ def old_policy(
     return old_lp, train_lp, natural, replay
 
 
+def rollout_correction(
+    cfg: Config, train_lp: torch.Tensor, batch: RolloutBatch
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The train–inference correction's per-token weights (π_old / μ, truncated or masked as
+    `algo.rollout_correction` says) and its metrics; (None, {}) without one."""
+    a = cfg.algo
+    if a.rollout_correction == "none":
+        return None, {}
+    return correction_weights(
+        old_logprobs=train_lp,
+        rollout_logprobs=batch.rollout_logprobs,
+        mask=batch.response_mask,
+        mode=a.rollout_correction,
+        cap=a.rollout_correction_cap,
+        geo_cap=a.rollout_correction_geo_cap,
+        icepop=(a.icepop_low, a.icepop_high),
+    )
+
+
 def learning_rate(cfg: Config, step: int) -> float:
     warm = cfg.train.warmup_steps
     return cfg.train.lr * (min(1.0, step / warm) if warm else 1.0)
 
 
-def update_minibatch(ctx: Context, batch, rows, adv, old_lp, replay, lr) -> tuple[dict, float, float, float]:
-    """One optimizer update on minibatch `rows`; returns (objective metrics, grad norm, entropy sum, tokens)."""
+def update_minibatch(
+    ctx: Context, batch, rows, adv, old_lp, replay, lr, weights=None
+) -> tuple[dict, float, float, float]:
+    """One optimizer update on minibatch `rows` (`weights`: the rollout correction's per-token multipliers, or
+    None); returns (objective metrics, grad norm, entropy sum, tokens)."""
     mask = batch.response_mask
     normalizer = ctx.objective.batch_normalizer(mask[rows])  # the whole minibatch's count, on every rank
     local = rows[ctx.rank :: ctx.world]
@@ -205,6 +228,7 @@ def update_minibatch(ctx: Context, batch, rows, adv, old_lp, replay, lr) -> tupl
                 advantages=adv[micro],
                 mask=mask[micro],
                 normalizer=normalizer,
+                weights=None if weights is None else weights[micro],
             )
             ctx.backend.backward(loss, last=i == len(micros) - 1)
         parts.append(metrics)
@@ -215,7 +239,7 @@ def update_minibatch(ctx: Context, batch, rows, adv, old_lp, replay, lr) -> tupl
     return combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item()
 
 
-def update(ctx: Context, batch, adv, old_lp, replay, step: int) -> dict[str, float]:
+def update(ctx: Context, batch, adv, old_lp, replay, step: int, weights=None) -> dict[str, float]:
     """`num_minibatches` updates over a seeded permutation of the batch."""
     cfg = ctx.cfg
     perm = torch.randperm(
@@ -225,9 +249,13 @@ def update(ctx: Context, batch, adv, old_lp, replay, step: int) -> dict[str, flo
     ent_sum = ent_tokens = 0.0
     lr = learning_rate(cfg, step)
     for i, rows in enumerate(perm.chunk(cfg.train.num_minibatches)):
-        metrics, norm, e, n = update_minibatch(ctx, batch, rows, adv, old_lp, replay, lr)
+        metrics, norm, e, n = update_minibatch(ctx, batch, rows, adv, old_lp, replay, lr, weights)
         ent_sum, ent_tokens = ent_sum + e, ent_tokens + n
         out[f"policy/clip_frac/token/mb_{i}"] = metrics["policy/clip_frac/token"]
+        if weights is not None:  # fixed for the step: minibatch i's share of the masked tokens
+            m = batch.response_mask[rows]
+            dropped = (m & (weights[rows] == 0)).sum().item()
+            out[f"correction/masked_frac/token/mb_{i}"] = dropped / max(m.sum().item(), 1)
         for k, v in metrics.items():
             sums[k] += v / cfg.train.num_minibatches
         norms.append(norm)
@@ -336,7 +364,9 @@ def rl_step(ctx: Context, step: int) -> dict[str, float]:
     telemetry_s += time.time() - baseline_start
     metrics = rollout_metrics(ctx.cfg, rewards, batch)
     metrics["rollout/reward_errors"] = float(reward_errors)
-    metrics.update(update(ctx, batch, adv, old_lp, replay, step))
+    weights, correction = rollout_correction(ctx.cfg, train_lp, batch)
+    metrics.update(correction)
+    metrics.update(update(ctx, batch, adv, old_lp, replay, step, weights))
     # telemetry (below, and the π_old pass when only telemetry uses it) is diagnostics, not training compute
     seconds = time.time() - start - telemetry_s
     metrics.update(telemetry(ctx, batch, natural_old, train_lp, baseline, adv))

@@ -208,9 +208,14 @@ def batch_normalizer(mask: Tensor, aggregation: str = "seq_mean") -> int:
     return max(int(count), 1)
 
 
-def aggregate(objective: Tensor, x: PolicyInputs, aggregation: str) -> Tensor:
-    """Sum of the objective with the aggregation's weights, before division by the normaliser."""
+def aggregate(objective: Tensor, x: PolicyInputs, aggregation: str, weights: Tensor | None = None) -> Tensor:
+    """Sum of the objective with the aggregation's weights, before division by the normaliser. `weights`
+    [B, T] (detached, e.g. a train–inference correction, `objectives.correction`) multiply each token's term,
+    and a per-response term by their mean over the response's tokens."""
     zero = torch.zeros((), dtype=objective.dtype, device=objective.device)
+    if weights is not None:
+        w = torch.where(x.mask, weights.detach().to(objective.dtype), zero)
+        objective = objective * (w.sum(-1) / x.lengths if objective.dim() == 1 else w)
     if objective.dim() == 1:  # per response: J_i, or |y_i| J_i for token_mean
         weighted = objective * x.lengths if aggregation == "token_mean" else objective
         return torch.where(x.valid_seq, weighted, zero).sum()
@@ -237,18 +242,20 @@ class Objective:
         advantages: Tensor,
         mask: Tensor,
         normalizer: float | Tensor | None = None,
+        weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """Loss to minimise (a scalar, -objective) and metrics (python floats).
 
         logprobs [B, T] (with grad), old_logprobs [B, T], advantages [B] or [B, T], mask [B, T] bool or 0/1.
         normalizer: the loss denominator; None counts it from `mask` (full batch). For a micro-batch,
-        pass `self.batch_normalizer(minibatch_mask)`.
+        pass `self.batch_normalizer(minibatch_mask)`. weights [B, T]: per-token multipliers of the terms
+        (a rollout correction; None: all 1).
         """
         x = prepare(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
         surrogate = self.surrogate(x, self.params)
         if normalizer is None:
             normalizer = batch_normalizer(x.mask, self.aggregation)
-        loss = -aggregate(surrogate.objective, x, self.aggregation) / normalizer
+        loss = -aggregate(surrogate.objective, x, self.aggregation, weights) / normalizer
         return loss, compute_metrics(x, surrogate, loss)
 
     def batch_normalizer(self, mask: Tensor) -> int:
