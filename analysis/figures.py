@@ -220,6 +220,36 @@ FIGURES[8] = figure_8
 FIGURES[9] = figure_9
 
 
+def finals(s: Study, metric: str, panel: str, last_interval: bool = False) -> pd.DataFrame:
+    """One bar per run: the metric at each seed's last step (or, `last_interval`, averaged over the last
+    evaluation interval, as the report's final reward), mean and t-interval over seeds."""
+    rows = []
+    for run in s.names():
+        per_seed = []
+        for r in (r for r in s.runs if r.run == run):
+            f = s.frame[(s.frame.run_id == r.run_id) & (s.frame.metric == metric)].sort_values("step")
+            start = r.cfg.train.steps - r.cfg.eval.every if r.cfg.eval.every > 0 else 0
+            per_seed.append(f[f.step > start].value.mean() if last_interval else f.value.iat[-1])
+        mean, lo, hi, n = mean_ci(per_seed)
+        rows.append(csv_row(panel=panel, kind="bar", series=label(run), run=run, metric=metric, x_name=" ",
+                            x=0, mean=mean, lower=lo, upper=hi, n_seeds=n))  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def figure_10(s: Study) -> list[Panel]:
+    return [
+        Panel(finals(s, PASS1, "a"), "(a) final held-out pass@1", "mean pass@1", " "),
+        Panel(finals(s, REWARD, "b", last_interval=True), "(b) final training reward", "mean reward", " "),
+        Panel(bars(s, {0: "mismatch/k3"}, "c", " "), "(c) rollout–trainer k3 KL, mean over training", "k3", " "),
+        Panel(bars(s, {0: "mismatch/f_tau_2"}, "d", " "), "(d) tokens with ratio beyond ×2", "F(τ=2)", " "),
+        Panel(bars(s, {0: "correction/masked_frac/token"}, "e", " "), "(e) tokens masked by the correction",
+              "fraction", " "),
+    ]  # fmt: skip
+
+
+FIGURES[10] = figure_10
+
+
 def _cat(*frames):
     return pd.concat([f for f in frames if not f.empty], ignore_index=True)
 

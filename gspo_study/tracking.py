@@ -59,6 +59,7 @@ IN_NAME = (
     "algo.routing_replay",
     "rollout.dtype",
     "algo.old_logprobs",
+    "algo.rollout_correction",
     "init_checkpoint",
 )
 # MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).
@@ -164,6 +165,8 @@ def run_name(cfg: Config) -> str:
         parts.append(cfg.rollout.dtype.replace("bfloat16", "bf16"))
     if cfg.algo.old_logprobs == "rollout":
         parts.append("rolloutlp")
+    if cfg.algo.rollout_correction != "none":  # e.g. grpo-r2-bf16-token-truncate-s1
+        parts.append(cfg.algo.rollout_correction.replace("_", "-"))
     return "-".join([*parts, f"s{cfg.seed}"])
 
 
