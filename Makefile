@@ -57,6 +57,7 @@ $(VLLM_STAMP): $(VLLM_PINS) pyproject.toml
 lint: install
 	$(PY) -m ruff check gspo_study analysis tests benchmarks
 	$(PY) -m ruff format --check gspo_study analysis tests benchmarks
+	$(VENV)/bin/lint-imports  # the layers of docs/ARCHITECTURE.md ([tool.importlinter] in pyproject.toml)
 
 SEEDS_ARG = $(if $(SEEDS),--seeds $(SEEDS))
 X ?= compute

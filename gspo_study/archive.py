@@ -23,10 +23,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gspo_study.config import Config, ConfigError, load_config
-from gspo_study.tracking import _connect, _retry, run_key, tracking_uri, variant
+from gspo_study.tracking import _connect, _retry, _tracked, all_finished, run_key, tracking_uri, variant  # noqa: F401
 
 ARCHIVE = "study-runs.parquet"
 SOURCE = "archive.source_run_id"  # the id of the run as shipped (an imported run's copy gets a new id)
@@ -81,30 +80,6 @@ def study_configs(
 
 
 # ------------------------------------------------------------------------------------------------ lookups
-def _store(cfg: Config, cache: dict) -> tuple[Any, str]:
-    where = (tracking_uri(cfg), cfg.tracking.experiment)
-    if where not in cache:
-        cache[where] = _connect(*where)
-    return cache[where]
-
-
-def _tracked(cfg: Config, cache: dict):
-    client, exp_id = _store(cfg, cache)
-    found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{run_key(cfg)}'", max_results=1)
-    return client, (found[0] if found else None)
-
-
-def all_finished(configs: list[Config]) -> bool:
-    """Whether every config has a FINISHED tracked run (e.g. imported ones): then a sweep has nothing to train,
-    and needs no cold start either."""
-    cache: dict = {}
-    for cfg in configs:
-        _, run = _tracked(cfg, cache)
-        if run is None or run.info.status != "FINISHED":
-            return False
-    return True
-
-
 # ------------------------------------------------------------------------------------------------ export
 def _row(client, run) -> dict:
     metrics = []

@@ -135,7 +135,7 @@ def run_figure(
     if jobs < 1:
         raise ConfigError(f"bad JOBS {jobs!r}; allowed: a positive integer (runs trained at once)")
     configs = figure_configs(figure, scale, seeds, overrides)
-    from gspo_study.archive import all_finished
+    from gspo_study.tracking import all_finished
 
     if all_finished([cfg for _, cfg in configs]):  # e.g. imported (`make import-study`): no cold start needed
         print(f"== figure {figure}: all {len(configs)} runs already finished; nothing to train")

@@ -335,6 +335,30 @@ def _retry(fn, *args, attempts: int = 8, **kwargs):
             time.sleep(0.05 * 2**i)
 
 
+def _store(cfg: Config, cache: dict) -> tuple[Any, str]:
+    where = (tracking_uri(cfg), cfg.tracking.experiment)
+    if where not in cache:
+        cache[where] = _connect(*where)
+    return cache[where]
+
+
+def _tracked(cfg: Config, cache: dict):
+    client, exp_id = _store(cfg, cache)
+    found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{run_key(cfg)}'", max_results=1)
+    return client, (found[0] if found else None)
+
+
+def all_finished(configs: list[Config]) -> bool:
+    """Whether every config has a FINISHED tracked run (e.g. imported ones): then a sweep has nothing to train,
+    and needs no cold start either."""
+    cache: dict = {}
+    for cfg in configs:
+        _, run = _tracked(cfg, cache)
+        if run is None or run.info.status != "FINISHED":
+            return False
+    return True
+
+
 @dataclass
 class Tracker:
     """One MLflow run; metrics are logged one step per transaction."""
