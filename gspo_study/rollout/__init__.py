@@ -1,4 +1,5 @@
-"""Rollout engines: `hf` (KV-cached sampling on the HF model, CPU or GPU) and `vllm` (GPU, optional extra)."""
+"""Rollout engines: `hf` (KV-cached sampling on the HF model, CPU or GPU) and `vllm` (in-process vLLM: a GPU, or
+vLLM's CPU build in `.venv-vllm`, `make vllm-env`)."""
 
 from __future__ import annotations
 
