@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlencode
 
-from gspo_study.tracking import TRAINING_EXPERIMENT, _retry
+from gspo_study.errors import ConfigError
+from gspo_study.tracking import TRAINING_EXPERIMENT, _probe_http, _retry
 
 TRAINING_RUNS = "tags.run_key LIKE '%'"
 ANALYSIS_RUNS = "tags.analysis_key LIKE '%'"
@@ -31,9 +32,18 @@ def study_pages(uri: str, base: str) -> list[dict[str, str]]:
     page URLs (runs, charts, figures). Each is also tagged as a training experiment if it is not yet."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
+    try:
+        if uri.startswith(("http://", "https://")):
+            _probe_http(uri)  # fast: MLflow's own client retries an unreachable server for minutes
+        client = MlflowClient(tracking_uri=uri)
+        experiments = client.search_experiments(order_by=["name ASC"])
+    except Exception as exc:  # noqa: BLE001 - mlflow and urllib raise many types for a bad store
+        raise ConfigError(
+            f"MLflow tracking URI {uri!r} is unusable ({type(exc).__name__}); allowed: a reachable store "
+            "(MLFLOW_TRACKING_URI, default sqlite:///results/mlflow.db)"
+        ) from None
     out = []
-    for exp in client.search_experiments(order_by=["name ASC"]):
+    for exp in experiments:
         if not client.search_runs([exp.experiment_id], TRAINING_RUNS, max_results=1):
             continue
         for key, value in TRAINING_EXPERIMENT.items():

@@ -141,3 +141,15 @@ def test_make_mlflow_ui_prints_working_training_pages(ui):
 
     drawn = dom(browser, figures, root / "profile-figures")
     assert "figure-1" in drawn and "gspo-nr-s1" not in drawn
+
+
+def test_mlflow_urls_of_an_empty_or_unreachable_store(tmp_path, capsys):
+    """No study runs yet: a line saying how to get some; a server that is not there: a one-line error (exit 2)."""
+    from gspo_study.cli import main
+
+    assert main(["mlflow-urls", "--uri", f"sqlite:///{tmp_path}/new.db"]) == 0
+    assert "no study runs in" in capsys.readouterr().out
+    uri = f"http://127.0.0.1:{_free_port()}"
+    assert main(["mlflow-urls", "--uri", uri]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and uri in err[0] and "unusable" in err[0]
