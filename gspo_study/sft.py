@@ -4,10 +4,10 @@ Trains a fresh preset model (or a local checkpoint) with the token-mean cross-en
 responses, AdamW with linear warm-up and cosine decay to 10% of the peak lr, then saves a standard HF
 checkpoint (atomically) with the tokenizer and a small JSON log. Deterministic for a seed on CPU.
 
-One process at a time makes a cold start: a lock file beside it (`<checkpoints>/.<name>.lock`, an OS lock
-that a killed process releases) serialises `sft` and the sweeps that train a missing cold start, which
-wait and then reuse the one made meanwhile (`ensure_coldstart`); holding it, an SFT first clears what a
-killed save left (`.<name>.tmp-*`).
+One process at a time makes a cold start: an OS file lock on its path (under
+`<temp dir>/gspo_study-locks-<user>/`, released when a holder dies) serialises `sft` and the sweeps that
+train a missing cold start, which wait and then reuse the one made meanwhile (`ensure_coldstart`); holding
+it, an SFT first clears what a killed save left (`.<name>.tmp-*`).
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ def coldstart_lock(cfg: Config):
     minutes), saying so once."""
     from filelock import FileLock, Timeout
 
+    from gspo_study.train.checkpointing import lock_file
+
     out = checkpoint_dir(cfg)
-    lock = FileLock(out.with_name(f".{out.name}.lock"))
+    lock = FileLock(lock_file(f"coldstart:{out.resolve()}"))
     try:
         lock.acquire(timeout=0)
     except Timeout:

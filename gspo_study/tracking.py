@@ -292,9 +292,13 @@ def _check_store(uri: str) -> None:
     where = f"MLflow store {uri!r}"
     if not uri.startswith("sqlite:///") or db.is_dir() or str(db) in ("", ":memory:"):
         raise ConfigError(f"{where} is not a sqlite file; allowed: sqlite:///<path to a .db file>")
-    if not db.parent.is_dir():
-        raise ConfigError(f"{where}: directory {db.parent} does not exist; create it or choose another path")
+    above = db.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ConfigError(f"{where}: {above} is not a directory; allowed: a path in a directory")
     try:
+        db.parent.mkdir(parents=True, exist_ok=True)  # as MLflow itself would
         fd, probe = tempfile.mkstemp(prefix=f".{db.name}.probe-", dir=db.parent)  # sqlite writes a journal here
         os.close(fd)
         os.unlink(probe)

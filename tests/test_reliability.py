@@ -154,7 +154,7 @@ def _cli_pairs(cfg):
         ("init_checkpoint", cfg.init_checkpoint),
         ("train.steps", 3),
         ("train.max_nonfinite_updates", 2),
-        ("seed", 7),
+        ("seed", cfg.seed),  # the diverged run: resumed, it diverges again
     ]
 
 
@@ -300,11 +300,11 @@ def test_killed_right_after_step_0_logs_no_step_twice(smoke_cfg, smoke_results, 
 def test_run_killed_before_its_params_gets_them_on_resume(smoke_cfg):
     """A process killed between creating its MLflow run and logging the run's parameters: the resumed run
     logs them (only the missing ones)."""
-    from gspo_study.tracking import Tracker, _connect, run_key, run_name
+    from gspo_study.tracking import Tracker, _connect, run_identity, run_name
 
     cfg = smoke_cfg("train.steps=1")
     client, exp_id = _connect(cfg.tracking.uri, cfg.tracking.experiment)
-    run = client.create_run(exp_id, run_name=run_name(cfg), tags=Tracker._tags(cfg, run_key(cfg)))
+    run = client.create_run(exp_id, run_name=run_name(cfg), tags=Tracker._tags(cfg, run_identity(cfg)))
     client.log_param(run.info.run_id, "seed", str(cfg.seed))
     train(cfg)
     params = client.get_run(run.info.run_id).data.params
@@ -410,10 +410,12 @@ def test_run_from_a_retrained_cold_start_is_not_reused(smoke_cfg, smoke_results,
     shutil.copytree(smoke_results / "smoke/checkpoints/coldstart", init)
     cfg = smoke_cfg("train.steps=1", "eval.every=0", f"init_checkpoint={init}")
     train(cfg)
-    log = init / "sft_log.json"
-    log.write_text(
-        log.read_text().replace('"seed": 1', '"seed": 2')
-    )  # as a retrained cold start would differ
+    from gspo_study.models import load_pretrained
+
+    model, tok = load_pretrained(init)
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-3)  # as a retrained cold start would differ: other weights
+    save_pretrained(model, tok, init)
     args = ["train", "experiments/smoke/base.yaml", f"results_dir={cfg.results_dir}", f"tracking.uri={cfg.tracking.uri}",
             f"init_checkpoint={init}", "train.steps=1", "eval.every=0"]  # fmt: skip
     capsys.readouterr()

@@ -118,7 +118,7 @@ TABLE = [
     ("train", [SMOKE, "rollout.max_new_tokens=300"], "'rollout.max_new_tokens'; allowed: fewer than the model's 256"),
     ("train", [SMOKE, "init_checkpoint=LISTED"], "config.json must hold a JSON object, got a list"),
     ("train", [SMOKE, "tracking.uri=sqlite:///STORE_DIR"], "is not a sqlite file"),
-    ("train", [SMOKE, "tracking.uri=sqlite:///RES/no/such/dir/m.db"], "does not exist"),
+    ("train", [SMOKE, "tracking.uri=sqlite:///DATA/m.db"], "data.jsonl is not a directory"),
     ("train", [SMOKE, "tracking.uri=sqlite:///READONLY/m.db"], "cannot be written"),
     ("train", [SMOKE, "tracking.uri=foo://bar"], "'foo://bar' is unreachable"),
     ("train", [SMOKE, "results_dir=READONLY"], "for 'results_dir': cannot write in"),
@@ -284,7 +284,7 @@ def test_sft_killed_at_random_moments_gives_the_same_cold_start(tmp_path):
     assert fingerprint(a) == fingerprint(b)
     wa, wb = weights(a), weights(b)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert sorted(p.name for p in b.parent.iterdir() if not p.name.endswith(".lock")) == ["coldstart"]
+    assert sorted(p.name for p in b.parent.iterdir()) == ["coldstart"]
 
 
 def test_sweep_killed_at_random_moments_resumes_to_identical_runs(smoke_results, tmp_path):
@@ -406,7 +406,7 @@ def test_two_sweeps_needing_one_cold_start_train_it_once(tmp_path, capfd):
 
     run_sft(load_config("experiments/smoke/coldstart.yaml", args))  # retrained: another log, same weights
     assert fingerprint(cold) == first
-    assert sorted(p.name for p in cold.parent.iterdir() if not p.name.endswith(".lock")) == ["coldstart"]
+    assert sorted(p.name for p in cold.parent.iterdir()) == ["coldstart"]
 
 
 def _open_store(uri: str) -> None:
@@ -612,7 +612,9 @@ def test_zero_files_never_run_pickled_code(tmp_path):
 
     marker = tmp_path / "pwned"
     torch.save({"module": {"w": torch.ones(2)}, "x": _Payload(str(marker))}, tmp_path / "evil.pt")
-    with pytest.raises(CheckpointError, match="refusing ZeRO checkpoint file .*evil.pt"):
+    with pytest.raises(
+        CheckpointError, match=r"refusing ZeRO checkpoint file .*evil.pt: .*\(posix.system is not"
+    ):
         safe_load(str(tmp_path / "evil.pt"))
     assert not marker.exists()
     good = {"loss_scaler": LossScaler(1.0), "zero_stage": ZeroStageEnum.gradients,

@@ -67,11 +67,16 @@ def store_identity(cfg: Config) -> str:
     return f"{uri}\n{cfg.tracking.experiment}\n{run_key(cfg)}"
 
 
-def _exclusive(name: str, stack: contextlib.ExitStack, busy: str) -> None:
-    where = hashlib.sha256(name.encode()).hexdigest()[:16]
+def lock_file(name: str) -> Path:
+    """`<temp dir>/gspo_study-locks-<user>/<hash of name>.lock`: where the suite's OS file locks live (outside
+    `results_dir`, which bad input must leave untouched)."""
     locks = Path(tempfile.gettempdir()) / f"gspo_study-locks-{getpass.getuser()}"  # per user: no shared modes
     locks.mkdir(exist_ok=True)
-    lock = FileLock(locks / f"{where}.lock")
+    return locks / f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"
+
+
+def _exclusive(name: str, stack: contextlib.ExitStack, busy: str) -> None:
+    lock = FileLock(lock_file(name))
     try:
         lock.acquire(timeout=0)
     except Timeout:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import pickle
+import re
 import warnings
 from pathlib import Path
 
@@ -38,8 +39,9 @@ from gspo_study.errors import NonFiniteError
 from gspo_study.models.checkpoint import CheckpointError
 from gspo_study.train.torch_backend import param_groups, scaled_lrs
 
-# What DeepSpeed's ZeRO-2/3 files hold besides tensors and containers (checked with
-# torch.serialization.get_unsafe_globals_in_checkpoint on files it wrote, fp32 and bf16).
+# What DeepSpeed's ZeRO-2/3 files hold besides tensors and containers (read with
+# torch.serialization.get_unsafe_globals_in_checkpoint from fp32 ZeRO-2 and ZeRO-3 files of DeepSpeed 0.19); a
+# class not listed (another version or precision) is refused in one line that names it.
 ZERO_SAFE_GLOBALS = (
     "deepspeed.utils.tensor_fragment.fragment_address",
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
@@ -65,7 +67,10 @@ def safe_load(path: str, map_location=None):
         with torch.serialization.safe_globals(_safe_globals()):
             return torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
-        detail = (str(exc).strip().splitlines() or [""])[0][:160]
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", str(exc))
+        detail = (
+            f"{found.group(1)} is not allowed" if found else (str(exc).strip().splitlines() or [""])[0][:160]
+        )
         raise CheckpointError(
             f"refusing ZeRO checkpoint file {path}: it holds objects a checkpoint never needs ({detail}); delete "
             "the run's checkpoint directory to start the run over"
