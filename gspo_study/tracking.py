@@ -299,7 +299,9 @@ def _check_store(uri: str) -> None:
         raise ConfigError(f"{where}: {above} is not a directory; allowed: a path in a directory")
     try:
         db.parent.mkdir(parents=True, exist_ok=True)  # as MLflow itself would
-        fd, probe = tempfile.mkstemp(prefix=f".{db.name}.probe-", dir=db.parent)  # sqlite writes a journal here
+        fd, probe = tempfile.mkstemp(
+            prefix=f".{db.name}.probe-", dir=db.parent
+        )  # sqlite writes a journal here
         os.close(fd)
         os.unlink(probe)
         if db.exists():
