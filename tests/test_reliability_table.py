@@ -204,6 +204,13 @@ def _cmd(command: str, *over: str) -> list[str]:
 
 
 def _quiet(fn, *args) -> None:
+    import threading
+
+    from tqdm import tqdm
+
+    # tqdm's default lock holds a semaphore shared with the parent: a child killed while holding it would hang
+    # the parent's next progress bar for ever. The child gets a lock of its own.
+    tqdm.set_lock(threading.RLock())
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the child dies with it
     fn(*args)
 
