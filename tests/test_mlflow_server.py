@@ -5,9 +5,6 @@ Every wait is bounded and the server's whole process group is stopped in teardow
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from .servers import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
@@ -26,25 +25,6 @@ from gspo_study.tracking import run_key  # noqa: E402
 
 READY_S = 60
 TIMEOUT_S = 10  # per HTTP request
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (it starts job-runner children), SIGKILL if it lingers."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +38,7 @@ def server(smoke_results, tmp_path_factory):
     )
     run_figure(1, "smoke", [1], overrides)
     make_figure(1, "smoke", [1], overrides)
-    port = _free_port()
+    port = free_port()
     cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
            f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "mlartifacts"),
            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
@@ -69,7 +49,7 @@ def server(smoke_results, tmp_path_factory):
         _wait_ready(url, proc, root / "server.log")
         yield url, overrides
     finally:
-        _stop(proc)
+        stop_group(proc)
         log.close()
 
 

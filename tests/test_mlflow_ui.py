@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from .servers import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
@@ -49,25 +49,6 @@ def chromium() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the whole process group (make, mlflow and its workers), SIGKILL if it lingers."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
@@ -91,7 +72,7 @@ def ui(smoke_results, tmp_path_factory):
                  f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart")  # fmt: skip
     run_figure(1, "smoke", [1], overrides)
     make_figure(1, "smoke", [1], overrides)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlflow.db"}
     log = open(root / "ui.log", "w")  # closed in teardown, after the server stops
     cmd = ["make", "--no-print-directory", "mlflow-ui", f"PORT={port}", "MLFLOW_WORKERS=1"]
@@ -102,15 +83,20 @@ def ui(smoke_results, tmp_path_factory):
         _wait_ready(f"http://127.0.0.1:{port}", proc, root / "ui.log")
         yield (root / "ui.log").read_text(), root, browser
     finally:
-        _stop(proc)
+        stop_group(proc)
         log.close()
 
 
-def dom(browser: str, url: str, profile: Path) -> str:
-    """The page's DOM once MLflow's app has rendered it (a fresh profile: no remembered UI mode)."""
-    done = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+def dom(browser: str, url: str, profile: Path, ready: tuple[str, ...] = ()) -> str:
+    """The page's DOM once MLflow's app has rendered it (a fresh profile: no remembered UI mode). On a loaded
+    machine the app can still be fetching when the virtual-time budget ends: up to 3 tries, until every `ready`
+    string is on the page (the test's assertions then judge the last DOM)."""
+    for attempt in range(3):
+        done = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}-{attempt}", "--dump-dom", url],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        if all(r in done.stdout for r in ready):
+            break
     return done.stdout
 
 
@@ -130,16 +116,16 @@ def test_make_mlflow_ui_prints_working_training_pages(ui):
         assert f"/#/experiments/{exp_id[1]}/runs?" in url and url.endswith("workflowType=machine_learning")
     assert "compareRunsMode=CHART" in charts and "/chart?" not in charts
 
-    table = dom(browser, runs, root / "profile-runs")
+    table = dom(browser, runs, root / "profile-runs", ("gspo-nr-s1", "grpo-r2-s1"))
     assert "gspo-nr-s1" in table and "grpo-r2-s1" in table  # the training runs, by name
     assert "figure-1" not in table  # the figure run is filtered out
     assert "Model registry" in table and "Judges" not in table  # model-training mode, not GenAI's sidebar
 
-    page = dom(browser, charts, root / "profile-charts")
+    page = dom(browser, charts, root / "profile-charts", ("gspo-nr-s1", "js-plotly-plot", "eval/pass_at_1"))
     assert "gspo-nr-s1" in page and "js-plotly-plot" in page  # rendered metric charts
     assert "eval/pass_at_1" in page and "figure-1" not in page
 
-    drawn = dom(browser, figures, root / "profile-figures")
+    drawn = dom(browser, figures, root / "profile-figures", ("figure-1",))
     assert "figure-1" in drawn and "gspo-nr-s1" not in drawn
 
 
@@ -149,7 +135,7 @@ def test_mlflow_urls_of_an_empty_or_unreachable_store(tmp_path, capsys):
 
     assert main(["mlflow-urls", "--uri", f"sqlite:///{tmp_path}/new.db"]) == 0
     assert "no study runs in" in capsys.readouterr().out
-    uri = f"http://127.0.0.1:{_free_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     assert main(["mlflow-urls", "--uri", uri]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and uri in err[0] and "unusable" in err[0]
