@@ -25,3 +25,24 @@ def stop_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log, what: str, seconds: float) -> None:
+    """Poll `url`/health until it answers 200; fail naming `what` (with its log's tail) if `proc` exits first
+    or `seconds` pass."""
+    import time
+    import urllib.request
+
+    import pytest
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited ({proc.returncode}): {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"{what} not ready after {seconds} s: {log.read_text()[-2000:]}")

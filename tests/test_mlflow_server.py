@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from .servers import free_port, stop_group
+from .servers import free_port, stop_group, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
@@ -46,25 +45,11 @@ def server(smoke_results, tmp_path_factory):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc, root / "server.log")
+        wait_ready(url, proc, root / "server.log", "mlflow server", READY_S)
         yield url, overrides
     finally:
         stop_group(proc)
         log.close()
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited ({proc.returncode}): {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"mlflow server not ready after {READY_S} s: {log.read_text()[-2000:]}")
 
 
 def _get(url: str, path: str, **query) -> dict:

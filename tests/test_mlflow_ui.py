@@ -13,13 +13,11 @@ import re
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from .servers import free_port, stop_group
+from .servers import free_port, stop_group, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
@@ -49,20 +47,6 @@ def chromium() -> str:
     return found
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"make mlflow-ui exited ({proc.returncode}): {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"mlflow ui not ready after {READY_S} s: {log.read_text()[-2000:]}")
-
-
 @pytest.fixture(scope="module")
 def ui(smoke_results, tmp_path_factory):
     """(printed text, tmp dir) of `make mlflow-ui` serving a store with figure 1's smoke runs and the figure."""
@@ -80,7 +64,7 @@ def ui(smoke_results, tmp_path_factory):
         cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
-        _wait_ready(f"http://127.0.0.1:{port}", proc, root / "ui.log")
+        wait_ready(f"http://127.0.0.1:{port}", proc, root / "ui.log", "make mlflow-ui", READY_S)
         yield (root / "ui.log").read_text(), root, browser
     finally:
         stop_group(proc)
