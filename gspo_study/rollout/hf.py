@@ -39,6 +39,9 @@ class HFEngine:
                 for dst, src in zip(self.model.parameters(), model.parameters()):
                     dst.copy_(src.to(dst.dtype))
 
+    def close(self) -> None:
+        """Nothing to release (the engines' common interface: the trainer closes its engine at the end)."""
+
     @torch.no_grad()
     def generate(
         self,

@@ -1,0 +1,282 @@
+"""The `vllm_server` rollout engine: its pure parts without vLLM, then against a real vLLM server (the CPU build in
+`.venv-vllm`, `make vllm-env`) that the engine starts on loopback — the trainer side never imports vLLM, so the
+real checks run in this process, the server in its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from gspo_study.config import ConfigError, ServerConfig, load_config
+from gspo_study.rollout import make_engine
+from gspo_study.rollout.vllm_engine import hf_to_vllm_weights, routing_trace_from_vllm
+from gspo_study.rollout.vllm_server import (
+    CPU_ARGS,
+    EXTENSION,
+    SERVED_NAME,
+    VLLMServerEngine,
+    completion_body,
+    decode_array,
+    group_alive,
+    parse_completion,
+    server_argv,
+    write_weights,
+)
+from gspo_study.rollout.vllm_worker import read_weights
+from gspo_study.train.forward import token_logprobs
+from tests.test_vllm_engine import (  # noqa: F401
+    EOS,
+    ROOT,
+    SMOKE_BASE,
+    TOK,
+    VLLM_PY,
+    _real_engine_env,
+    smoke,
+    vllm_coldstart,
+)
+
+PROMPTS = ["1+2=", "33+44=", "5=", "7+8="] * 3
+TEMPERATURE = 0.9
+
+
+# ------------------------------------------------------------------------------------ pure parts, no vLLM
+def test_server_argv_for_the_cpu_build_and_for_a_gpu_pool():
+    cpu = server_argv("py", "/w/model", 8123, "float32", ServerConfig(), cpu=True, routing=False)
+    assert cpu[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(cpu[3::1], cpu[4::1]))
+    assert flags["--model"] == "/w/model" and flags["--port"] == "8123" and flags["--host"] == "127.0.0.1"
+    assert flags["--worker-extension-cls"] == EXTENSION and flags["--served-model-name"] == SERVED_NAME
+    assert flags["--logprobs-mode"] == "processed_logprobs" and flags["--generation-config"] == "vllm"
+    assert "--skip-tokenizer-init" in cpu and cpu[-len(CPU_ARGS) :] == list(CPU_ARGS)
+    pool = ServerConfig(tensor_parallel_size=4, enable_expert_parallel=True, data_parallel_size=2,
+                        args=["--max-model-len", "8192"])  # fmt: skip
+    gpu = server_argv("py", "/w/model", 1, "bfloat16", pool, cpu=False, routing=True)
+    flags = dict(zip(gpu, gpu[1:]))
+    assert flags["--tensor-parallel-size"] == "4" and flags["--data-parallel-size"] == "2"
+    assert "--enable-expert-parallel" in gpu and "--enable-return-routed-experts" in gpu
+    assert "--enforce-eager" not in gpu and gpu[-2:] == ["--max-model-len", "8192"]
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        server_argv("py", "/w", 1, "float32", ServerConfig(), cpu=True, routing=True)
+
+
+def test_completion_body_is_one_seeded_token_id_request():
+    body = completion_body([1, 5, 6], 12, 0.9, False, 2**31 + 4, EOS)
+    assert body["prompt"] == [1, 5, 6] and body["max_tokens"] == 12 and body["n"] == 1
+    assert body["temperature"] == 0.9 and body["top_p"] == 1.0 and body["logprobs"] == 0
+    assert body["seed"] == (2**31 + 4) % (2**31 - 1) and body["stop_token_ids"] == [EOS]
+    assert body["return_token_ids"] and "routed_experts_prompt_start" not in body
+    assert completion_body([1], 4, 0.9, True, 0, EOS, routing=True)["temperature"] == 0.0
+    assert completion_body([1], 4, 0.9, True, 0, EOS, routing=True)["routed_experts_prompt_start"] == 0
+
+
+def _answer(ids, lps, routed=None):
+    choice = {"token_ids": ids, "logprobs": {"token_logprobs": lps}, "finish_reason": "stop"}
+    if routed is not None:
+        import base64
+        import io
+
+        buf = io.BytesIO()
+        np.save(buf, routed, allow_pickle=False)  # vLLM's numpy2base64
+        choice["routed_experts"] = base64.b64encode(buf.getvalue()).decode()
+    return {"choices": [choice]}
+
+
+def test_parse_completion_reads_samples_and_routed_experts():
+    (ids, lps, ended), routed = parse_completion(_answer([7, 8, EOS], [-0.1, -0.2, -0.3]), EOS)
+    assert ids == [7, 8, EOS] and lps == [-0.1, -0.2, -0.3] and ended and routed is None
+    (_, _, ended), _ = parse_completion(_answer([7, 8], [-0.1, -0.2]), EOS)
+    assert not ended
+    for bad in ({"choices": []}, {"choices": [{"token_ids": [1]}]}, _answer([1], [None])):
+        with pytest.raises(ValueError, match="rollout server"):
+            parse_completion(bad, EOS)
+    # R3: the server's routed experts over prompt + response become the trace the HF recorder would give
+    experts = np.arange(5 * 2 * 2).reshape(5, 2, 2) % 4  # [fed positions, MoE layers, k]
+    (ids, _, _), routed = parse_completion(_answer([7, 8, EOS], [-1.0] * 3, experts), EOS)
+    assert np.array_equal(decode_array(_answer([1], [0.0], experts)["choices"][0]["routed_experts"]), experts)
+    trace = routing_trace_from_vllm([(None, routed)], [3], [3], [0, 1], 2, 4)
+    assert trace.indices[1][0].tolist() == experts[:, 1].tolist()
+
+
+def test_write_weights_are_the_checkpoints_names_in_bounded_shards(tmp_path):
+    model = smoke()
+    want = dict(hf_to_vllm_weights(model.named_parameters()))
+    shards = write_weights(model.named_parameters(), tmp_path / "push", shard_bytes=8 * 1024)
+    from safetensors.torch import load_file
+
+    assert len(shards) > 3
+    for shard in shards:  # each shard stays under the bound, unless it is a single larger tensor
+        tensors = load_file(str(shard)).values()
+        assert len(tensors) == 1 or sum(t.numel() * t.element_size() for t in tensors) <= 8 * 1024
+    got = dict(read_weights(tmp_path / "push"))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    write_weights([("a.weight", torch.ones(2))], tmp_path / "push")  # replaces the directory as a whole
+    assert dict(read_weights(tmp_path / "push")).keys() == {"a.weight"}
+    assert [p.name for p in tmp_path.iterdir()] == ["push"]  # no temporary sibling left
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        list(read_weights(tmp_path))
+
+
+def test_server_config_is_checked_and_never_part_of_a_runs_identity():
+    from gspo_study.tracking import run_key
+
+    base = load_config(SMOKE_BASE, ["rollout.engine=vllm_server"])
+    wide = load_config(SMOKE_BASE, ["rollout.engine=vllm_server", "rollout.server.tensor_parallel_size=8",
+                                    "rollout.server.urls=[http://10.0.0.2:8000]"])  # fmt: skip
+    assert run_key(base) == run_key(wide) != run_key(load_config(SMOKE_BASE))
+    for bad, match in (("rollout.server.urls=[10.0.0.2]", "rollout.server.urls"),
+                       ("rollout.server.tensor_parallel_size=0", "tensor_parallel_size"),
+                       ("rollout.server.start_timeout_s=0", "start_timeout_s")):  # fmt: skip
+        with pytest.raises(ConfigError, match=match) as err:
+            load_config(SMOKE_BASE, [bad])
+        assert "\n" not in str(err.value)
+
+
+def test_an_interpreter_without_vllm_is_named_in_one_line(tmp_path):
+    engine = make_engine("vllm_server", smoke(), TOK, "float32", server=ServerConfig(python=sys.executable),
+                         weight_dir=tmp_path)  # fmt: skip
+    assert isinstance(engine, VLLMServerEngine)
+    if "vllm" in sys.modules or _has_vllm_here():
+        pytest.skip("this interpreter has vLLM")
+    with pytest.raises(ConfigError, match="has no vLLM") as err:
+        engine.generate(["1+2="], 4, 1.0, torch.Generator().manual_seed(0))
+    assert "\n" not in str(err.value)
+
+
+def _has_vllm_here() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+# ---------------------------------------------------------------------------- a real vLLM server (CPU build)
+def _hf_diff(model, batch) -> dict:
+    with torch.no_grad():
+        hf = token_logprobs(model, batch.sequences, batch.attention_mask, TEMPERATURE)[0]
+    diff = (batch.rollout_logprobs - hf).abs()[batch.response_mask]
+    return {"mean": diff.mean().item(), "max": diff.max().item(), "tokens": int(diff.numel())}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One real server started by the engine (vLLM's CPU build), the model it serves, and a run of checks."""
+    python = _real_engine_env()
+    torch.manual_seed(0)
+    model = smoke(head_dim=32, moe_intermediate_size=32)
+    root = tmp_path_factory.mktemp("vllm-server")
+    engine = VLLMServerEngine(model, TOK, "float32", ServerConfig(python=str(python)), root / "weights")
+    try:
+        yield SimpleNamespace(engine=engine, model=model, root=root)
+    finally:
+        engine.close()
+
+
+def _rollout(engine, seed=1):
+    return engine.generate(PROMPTS, 10, TEMPERATURE, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.slow
+def test_real_server_logprobs_equal_the_trainers_and_reproduce(served):
+    batch = _rollout(served.engine)
+    assert served.engine.timings["start_s"] < served.engine.server.start_timeout_s
+    diff = _hf_diff(served.model, batch)
+    assert diff["tokens"] > 40 and diff["mean"] < 1e-6 and diff["max"] < 1e-5
+    again, other = _rollout(served.engine), _rollout(served.engine, seed=2)
+    assert torch.equal(again.sequences, batch.sequences) and torch.equal(
+        again.rollout_logprobs, batch.rollout_logprobs
+    )
+    assert not torch.equal(other.sequences, batch.sequences)
+
+
+@pytest.mark.slow
+def test_real_server_follows_every_weight_push(served):
+    """Perturb all the weights, `sync`: the server's log-probs are the new weights' (the reload went through
+    /collective_rpc and repacked the CPU kernels), and they moved far more than the agreement."""
+    engine, model = served.engine, served.model
+    before = _rollout(engine)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine.sync(model)
+    after = _rollout(engine)
+    push = engine.last_push
+    assert push["workers"][0]["path"] == "reload_weights" and push["workers"][0]["cpu_layers_refreshed"] == 3
+    assert push["workers"][0]["tensors"] == len(dict(hf_to_vllm_weights(model.named_parameters())))
+    assert push["reload_s"] < 5 and [p.name for p in served.engine.weight_dir.glob("push-*")] == [
+        "push-000001"
+    ]
+    assert _hf_diff(model, after)["mean"] < 1e-6
+    moved = _hf_diff(model, before)  # the old rollout scored by the new weights
+    assert moved["mean"] > 1e-3
+
+
+@pytest.mark.slow
+def test_real_server_reached_by_address_and_stopped_as_a_group(served, tmp_path):
+    """A second engine given the first one's server as `rollout.server.urls` (an external pool): it pushes its
+    own weights there and leaves the server running at close; the engine that started it stops its group."""
+    url = served.engine.urls[0]
+    other_model = smoke(head_dim=32, moe_intermediate_size=32)
+    other = VLLMServerEngine(other_model, TOK, "float32", ServerConfig(urls=[url]), tmp_path / "w")
+    batch = other.generate(PROMPTS, 10, TEMPERATURE, torch.Generator().manual_seed(3))
+    assert other.process is None and _hf_diff(other_model, batch)["mean"] < 1e-6
+    other.close()
+    pgid = served.engine.process.pgid
+    assert group_alive(pgid)
+    served.engine.close()
+    assert not group_alive(pgid) and not served.engine.weight_dir.exists()
+
+
+def _train_server(root: Path, init: Path, kill_at: int | None = None):
+    over = [
+        f"results_dir={root}",
+        f"tracking.uri=sqlite:///{root}/mlflow.db",
+        f"init_checkpoint={init}",
+        "rollout.engine=vllm_server",
+        f"rollout.server.python={VLLM_PY}",
+        "train.steps=4",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    if kill_at is not None:
+        env["GSPO_STUDY_KILL_AT_STEP"] = str(kill_at)
+    cmd = [sys.executable, "-m", "gspo_study", "train", SMOKE_BASE, "experiments/runs/gspo.yaml", *over]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return done, load_config([SMOKE_BASE, "experiments/runs/gspo.yaml"], over)
+
+
+@pytest.mark.slow
+def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, tmp_path):  # noqa: F811
+    """`train ... rollout.engine=vllm_server` end to end: the suite starts the server (vLLM's CPU build, another
+    interpreter), the trainer is SIGKILLed after step 3 and its server's process group dies with it; the resumed
+    run starts a new server on its step-2 checkpoint's weights, every step is logged once, the parameters
+    changed, and the server's log-probs equal the fp32 trainer's at every step (so every push landed)."""
+    from gspo_study.train.checkpointing import run_dir
+    from tests.test_trainer import history, weights
+
+    _real_engine_env()
+    killed, cfg = _train_server(tmp_path, vllm_coldstart, kill_at=3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    record = json.loads((run_dir(cfg) / "server-weights" / "server.json").read_text())
+    deadline = time.monotonic() + 60
+    while group_alive(record["pgid"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not group_alive(record["pgid"]), "the killed trainer's server outlived it"
+    done, cfg = _train_server(tmp_path, vllm_coldstart)
+    assert done.returncode == 0, done.stderr[-3000:]
+    hist = history(cfg)
+    assert sorted(hist["rollout/reward/mean"]) == [1, 2, 3, 4] and sorted(hist["eval/pass_at_1"]) == [0, 2, 4]
+    assert all(abs(v) < 1e-5 for v in hist["mismatch/k3"].values())  # fp32 server = fp32 trainer, every step
+    before, after = weights(vllm_coldstart), weights(run_dir(cfg) / "checkpoint")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert {k for k in before if "self_attn" in k or k.endswith("mlp.gate.weight")} <= changed
+    assert not (
+        run_dir(cfg) / "server-weights"
+    ).exists()  # the finished run stopped its server, removed its pushes
