@@ -98,13 +98,23 @@ class Context:
 
 
 # ---------------------------------------------------------------------------------------------- phases
+def sync_hooks(ctx: Context) -> dict:
+    """How an engine gets whole weights under ZeRO-3: `gather` (every rank holds the whole model while inside;
+    the in-process engines), and for an engine that writes them out (vllm_server) `full_state` (gathered layer
+    by layer onto rank 0's CPU). The stale behaviour policy (policy lag, torch backend only) is whole anyway."""
+    hooks = {"gather": getattr(ctx.backend, "gathered_parameters", None)}
+    if getattr(ctx.engine, "writes_weights", False) and ctx.lag is None:
+        hooks["full_state"] = getattr(ctx.backend, "full_state_dict", None)
+    return hooks
+
+
 def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
     cfg = ctx.cfg
     problems = ctx.task.sample_train(
         cfg.rollout.prompts_per_step, random.Random(derive_seed(cfg.seed, step, "prompts"))
     )
     rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
-    ctx.engine.sync(ctx.behaviour, gather=getattr(ctx.backend, "gathered_parameters", None))  # ZeRO-3: whole
+    ctx.engine.sync(ctx.behaviour, **sync_hooks(ctx))
     recorder = record_routing(ctx.engine.model) if replay_mode(cfg).records_rollout else None
     if not cfg.rollout.sharded:  # one random stream for the batch; every rank generates all of it
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))

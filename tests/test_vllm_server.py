@@ -280,3 +280,44 @@ def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, tm
     assert not (
         run_dir(cfg) / "server-weights"
     ).exists()  # the finished run stopped its server, removed its pushes
+
+
+def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp_path, monkeypatch):
+    """Under ZeRO-3 the trainer hands the engine `full_state` (the whole weights gathered layer by layer onto
+    rank 0's CPU): the push writes exactly those tensors, without entering `gather`, and asks every server of
+    the pool to reload them (the HTTP calls recorded; the real server path is tested below)."""
+    import contextlib
+
+    from gspo_study.rollout import vllm_server
+
+    model = smoke()
+    state = {k: v + 1.0 for k, v in model.state_dict().items()}  # not the model's own values
+    calls = []
+    monkeypatch.setattr(
+        vllm_server, "post_json", lambda url, body=None, timeout=0: calls.append((url, body)) or {}
+    )
+
+    @contextlib.contextmanager
+    def gather():
+        raise AssertionError("the layer-by-layer state must be used instead of gathering the whole model")
+        yield
+
+    engine = VLLMServerEngine(
+        model, TOK, "float32", ServerConfig(urls=["http://a:1", "http://b:2"]), tmp_path
+    )
+    engine.sync(model, gather=gather, full_state=lambda: state)
+    engine._push_weights()
+    written = dict(read_weights(tmp_path / "push-000001"))
+    want = dict(hf_to_vllm_weights(state.items()))
+    assert written.keys() == want.keys() and all(torch.equal(written[k], want[k]) for k in want)
+    rpc = [(u, b) for u, b in calls if u.endswith("/collective_rpc")]
+    assert [u for u, _ in rpc] == ["http://a:1/collective_rpc", "http://b:2/collective_rpc"]
+    assert rpc[0][1] == {"method": "gspo_reload_weights", "args": [str(tmp_path / "push-000001")]}
+    assert [u for u, _ in calls if u.endswith("/reset_prefix_cache")] == ["http://a:1/reset_prefix_cache",
+                                                                          "http://b:2/reset_prefix_cache"]  # fmt: skip
+    engine.sync(model, full_state=lambda: None)  # ZeRO-2 / one process: the model's own weights
+    engine._push_weights()
+    assert [p.name for p in tmp_path.glob("push-*")] == ["push-000002"]
+    assert torch.equal(
+        dict(read_weights(tmp_path / "push-000002"))["model.norm.weight"], model.model.norm.weight
+    )

@@ -223,11 +223,11 @@ def write_weights(
     return [directory / n for n in names]
 
 
-def write_model_dir(model, directory: str | Path) -> Path:
-    """What a server the suite starts loads: config.json (`vllm_config_dict`) and the current weights."""
+def write_model_dir(named_params, config, directory: str | Path) -> Path:
+    """What a server the suite starts loads: the weights and config.json (`vllm_config_dict`)."""
     directory = Path(directory)
-    write_weights(model.named_parameters(), directory)
-    (directory / "config.json").write_text(json.dumps(vllm_config_dict(model.config), indent=1))
+    write_weights(named_params, directory)
+    (directory / "config.json").write_text(json.dumps(vllm_config_dict(config), indent=1))
     return directory
 
 
@@ -345,6 +345,8 @@ class VLLMServerEngine:
     args); `weight_dir`: where pushes are written when `server.weight_dir` is empty (the run directory's).
     """
 
+    writes_weights = True  # the trainer hands it `full_state` (trainer.sync_hooks)
+
     def __init__(self, model, tokenizer, dtype: str, server, weight_dir: str | Path):
         if dtype not in DTYPES:
             raise ConfigError(f"rollout.dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
@@ -354,6 +356,7 @@ class VLLMServerEngine:
         self.process: ServerProcess | None = None
         self.routing = False
         self._gather = contextlib.nullcontext
+        self._full_state = None
         self._weights_stale = True
         self._version = 0
         self._started = False
@@ -361,10 +364,13 @@ class VLLMServerEngine:
         self.timings: dict[str, float] = {}
 
     # ---- public interface ------------------------------------------------------------------------
-    def sync(self, model, gather=None) -> None:
-        """The trainer's current weights go to the pool before the next `generate` (pushed there, inside
-        `gather`, so that a step without a rollout costs nothing)."""
+    def sync(self, model, gather=None, full_state=None) -> None:
+        """The trainer's current weights go to the pool before the next `generate` (pushed then, so that a step
+        without a rollout costs nothing). `full_state`: a collective that returns the whole weights on rank 0's
+        CPU, gathered layer by layer (DeepSpeed ZeRO-3's `full_state_dict`; None where the ranks hold whole
+        weights), used instead of `gather` (which makes the whole model resident on every rank's device)."""
         self.model, self._gather, self._weights_stale = model, gather or contextlib.nullcontext, True
+        self._full_state = full_state
 
     @torch.no_grad()
     def generate(
@@ -415,20 +421,24 @@ class VLLMServerEngine:
     def _ensure_started(self, routing: bool) -> None:
         if self._started:
             return
+        if (
+            self.urls
+        ):  # an external pool (the same on every rank): R3 works if it was started to capture routing
+            self.routing = routing
+        else:
+            with (
+                self._whole_weights() as weights
+            ):  # every rank joins (ZeRO-3: a collective); rank 0 starts it
+                if weights is not None:
+                    self._start(routing, weights)
         dist = _dist()
-        rank = dist.get_rank() if dist is not None else 0
-        with torch.no_grad(), self._gather():  # every rank enters (ZeRO-3: a collective); rank 0 writes
-            if rank == 0 and not self.urls:
-                self._start(routing)
-            elif rank == 0:
-                self.routing = routing  # an external pool: R3 works if it was started to capture routing
         if dist is not None:
             shared = [self.urls, self._weights_stale, self.routing]
             dist.broadcast_object_list(shared, src=0)
             self.urls, self._weights_stale, self.routing = shared
         self._started = True
 
-    def _start(self, routing: bool) -> None:
+    def _start(self, routing: bool, weights) -> None:
         python = self.server.python or sys.executable
         if not has_vllm(python):
             raise ConfigError(
@@ -438,7 +448,7 @@ class VLLMServerEngine:
         cpu = is_cpu_build(python)
         port = _free_port()
         t0 = time.perf_counter()
-        model_dir = write_model_dir(self.model, self.weight_dir / "model")
+        model_dir = write_model_dir(weights, self.model.config, self.weight_dir / "model")
         argv = server_argv(python, str(model_dir), port, self.dtype, self.server, cpu, routing)
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc and /reset_prefix_cache
         self.process = ServerProcess(argv, self.weight_dir / "server.log", env)
@@ -450,39 +460,54 @@ class VLLMServerEngine:
         self.urls, self.routing, self._weights_stale = [url], routing, False
         self.timings = {"write_s": time.perf_counter() - t0 - ready, "start_s": ready}
 
-    def _push_weights(self) -> None:
-        """Every rank enters `gather` (a collective under ZeRO-3); rank 0 writes and pushes; all wait."""
+    @contextlib.contextmanager
+    def _whole_weights(self):
+        """Collective: yields the whole weights as (name, tensor) pairs on rank 0 (None on the others), from
+        `full_state` (layer by layer onto rank 0's CPU) where it gives them, else inside `gather`."""
         dist = _dist()
         rank = dist.get_rank() if dist is not None else 0
-        with torch.no_grad(), self._gather():
-            if rank == 0:
-                self._version += 1
-                target = self.weight_dir / f"push-{self._version:06d}"
-                t0 = time.perf_counter()
-                write_weights(self.model.named_parameters(), target)
-                t1 = time.perf_counter()
-                results = []
-                for url in self.urls:
-                    try:
-                        answer = post_json(
-                            f"{url}/collective_rpc", {"method": RELOAD_METHOD, "args": [str(target)]}
-                        )
-                    except RuntimeError as err:
-                        raise ConfigError(
-                            f"rollout server {url} cannot reload weights ({err}); serve it with "
-                            f"VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls {EXTENSION}"
-                        ) from None
-                    results.extend(answer.get("results") or [])
-                    post_json(f"{url}/reset_prefix_cache")  # cached KV blocks belong to the old weights
-                self.last_push = {
-                    "workers": results, "write_s": t1 - t0, "reload_s": time.perf_counter() - t1,
-                }  # fmt: skip
-                for old in self.weight_dir.glob("push-*"):
-                    if old != target:
-                        shutil.rmtree(old, ignore_errors=True)
+        with torch.no_grad():
+            state = self._full_state() if self._full_state is not None else None
+            layerwise = [state is not None]  # ZeRO-3: a dict on rank 0 only; ZeRO-2 and one process: None
+            if dist is not None:
+                dist.broadcast_object_list(layerwise, src=0)
+            if layerwise[0]:
+                yield state.items() if rank == 0 else None
+            else:
+                with self._gather():
+                    yield self.model.named_parameters() if rank == 0 else None
+
+    def _push_weights(self) -> None:
+        """Every rank joins the gather; rank 0 writes and pushes; all wait."""
+        with self._whole_weights() as weights:
+            if weights is not None:
+                self._push(weights)
+        dist = _dist()
         if dist is not None:
             dist.barrier()
         self._weights_stale = False
+
+    def _push(self, named_params) -> None:
+        self._version += 1
+        target = self.weight_dir / f"push-{self._version:06d}"
+        t0 = time.perf_counter()
+        write_weights(named_params, target)
+        t1 = time.perf_counter()
+        results = []
+        for url in self.urls:
+            try:
+                answer = post_json(f"{url}/collective_rpc", {"method": RELOAD_METHOD, "args": [str(target)]})
+            except RuntimeError as err:
+                raise ConfigError(
+                    f"rollout server {url} cannot reload weights ({err}); serve it with VLLM_SERVER_DEV_MODE=1 "
+                    f"and --worker-extension-cls {EXTENSION}"
+                ) from None
+            results.extend(answer.get("results") or [])
+            post_json(f"{url}/reset_prefix_cache")  # cached KV blocks belong to the old weights
+        self.last_push = {"workers": results, "write_s": t1 - t0, "reload_s": time.perf_counter() - t1}
+        for old in self.weight_dir.glob("push-*"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
 
     def _sample(self, prompt_ids, max_new_tokens, temperature, greedy, seeds, routing):
         eos = self.tokenizer.eos_token_id
