@@ -1,4 +1,4 @@
-"""`python -m gspo_study {sft,train,eval,sweep,prune}`: the command line.
+"""`python -m gspo_study {sft,train,eval,sweep,prune,rollout-server,...}`: the command line.
 
 Every user mistake (bad config key or value, missing file, wrong checkpoint) ends with a one-line
 message on stderr and exit status 2 — no traceback, nothing half-written.
@@ -126,6 +126,37 @@ def _cmd_import_study(args) -> None:
     )
 
 
+def _cmd_rollout_server(args) -> None:
+    """A server of a `vllm_server` pool on this machine, serving the config's cold start (or --checkpoint) as the
+    trainer expects it: the command line of `vllm_server.server_argv`, run (or printed)."""
+    import os
+
+    from gspo_study.rollout.vllm_server import is_cpu_build, server_argv, write_model_dir
+    from gspo_study.runtime import load_policy
+
+    cfg = load_config(*_files_and_overrides(args.config))
+    source = args.checkpoint or cfg.init_checkpoint
+    if not source:
+        raise ConfigError(
+            "rollout-server needs the weights to serve: --checkpoint DIR or init_checkpoint=DIR"
+        )
+    python = cfg.rollout.server.python or sys.executable
+    routing = cfg.algo.routing_replay == "r3"
+    model_dir = Path(args.model_dir)
+    argv = server_argv(python, str(model_dir), args.port, cfg.rollout.dtype, cfg.rollout.server,
+                       is_cpu_build(python), routing, host=args.host)  # fmt: skip
+    if args.print:
+        print(" ".join(argv))
+        return
+    model, _ = load_policy(cfg, source)
+    write_model_dir(model.named_parameters(), model.config, model_dir)
+    os.execve(
+        argv[0] if os.path.isabs(argv[0]) else sys.executable,
+        argv,
+        {**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
+    )
+
+
 def _cmd_mlflow_urls(args) -> None:
     from gspo_study.mlflow_ui import describe, study_pages
 
@@ -180,6 +211,16 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--uri", required=True, help="MLflow tracking URI of the store")
     u.add_argument("--port", type=int, default=5000, help="port the UI serves on (127.0.0.1)")
     u.set_defaults(fn=_cmd_mlflow_urls)
+    v = sub.add_parser("rollout-server", help="a vLLM server for rollout.engine=vllm_server, on this machine")
+    v.add_argument("config", nargs="+", help="the run's experiment YAML file(s) and key.sub=value overrides")
+    v.add_argument("--checkpoint", help="weights to serve first (default: the config's init_checkpoint)")
+    v.add_argument(
+        "--model-dir", required=True, help="where to write them for vLLM (storage of this machine)"
+    )
+    v.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    v.add_argument("--port", type=int, default=8000, help="port to listen on")
+    v.add_argument("--print", action="store_true", help="print the vLLM command line instead of running it")
+    v.set_defaults(fn=_cmd_rollout_server)
     r = sub.add_parser("prune", help="a local Qwen3-MoE checkpoint cut to N layers and E experts per layer")
     r.add_argument("src", help="local Qwen3-MoE checkpoint directory")
     r.add_argument("dst", help="new directory for the pruned checkpoint")

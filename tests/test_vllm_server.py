@@ -321,3 +321,30 @@ def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp
     assert torch.equal(
         dict(read_weights(tmp_path / "push-000002"))["model.norm.weight"], model.model.norm.weight
     )
+
+
+def test_rollout_server_command_for_a_pool_on_other_machines(capsys):
+    """`python -m gspo_study rollout-server ... --print`: the vLLM command line a pool's server needs (what the
+    trainer's requests and weight pushes expect), from the run's own config; no weights: a one-line error."""
+    from gspo_study.cli import main
+
+    over = [
+        "rollout.engine=vllm_server",
+        "rollout.server.tensor_parallel_size=2",
+        "init_checkpoint=/models/x",
+    ]
+    assert (
+        main(
+            ["rollout-server", SMOKE_BASE, *over, "--model-dir", "/data/policy", "--port", "8011", "--print"]
+        )
+        == 0
+    )
+    argv = capsys.readouterr().out.split()
+    flags = dict(zip(argv, argv[1:]))
+    assert (
+        flags["--host"] == "0.0.0.0" and flags["--port"] == "8011" and flags["--tensor-parallel-size"] == "2"
+    )
+    assert flags["--worker-extension-cls"] == EXTENSION and flags["--model"] == "/data/policy"
+    assert main(["rollout-server", SMOKE_BASE, "--model-dir", "/d", "--print"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the weights to serve" in err and err.count("\n") == 1

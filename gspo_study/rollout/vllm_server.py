@@ -83,17 +83,25 @@ PR_SET_PDEATHSIG = 1
 
 # ------------------------------------------------------------------------------------------ command line
 def server_argv(
-    python: str, model_dir: str, port: int, dtype: str, server, cpu: bool, routing: bool
+    python: str,
+    model_dir: str,
+    port: int,
+    dtype: str,
+    server,
+    cpu: bool,
+    routing: bool,
+    host: str = "127.0.0.1",
 ) -> list[str]:
-    """`vllm serve` for the pool's own server (`server`: `rollout.server`): loopback, the policy's weights from
-    `model_dir`, our worker extension, sampling with no checkpoint defaults and processed log-probs."""
+    """`vllm serve` for a server of the pool (`server`: `rollout.server`): on `host` (loopback for the suite's
+    own), the policy's weights from `model_dir`, our worker extension, sampling with no checkpoint defaults and
+    processed log-probs. `python -m gspo_study rollout-server` runs the same for a pool on other machines."""
     if routing and cpu:
         raise ConfigError(ROUTING_NOT_ON_CPU.replace("rollout.engine=vllm", "rollout.engine=vllm_server"))
     argv = [
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
         "--served-model-name", SERVED_NAME,
-        "--host", "127.0.0.1",
+        "--host", host,
         "--port", str(port),
         "--dtype", dtype,
         "--skip-tokenizer-init",
