@@ -348,3 +348,36 @@ def test_rollout_server_command_for_a_pool_on_other_machines(capsys):
     assert main(["rollout-server", SMOKE_BASE, "--model-dir", "/d", "--print"]) == 2
     err = capsys.readouterr().err
     assert "needs the weights to serve" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_real_server_with_two_zero3_ranks_matches_one_process(vllm_coldstart, tmp_path):  # noqa: F811
+    """2 DeepSpeed ranks (gloo, ZeRO-3) against the suite's server: rank 0 starts it, the weights are pushed from
+    the layer-by-layer gather every step, rank 0's rollout is broadcast — the losses, rewards and the server's
+    agreement with the trainer match a one-process run against its own server (same seeds, same tokens)."""
+    from tests.test_deepspeed import ENV, TORCHRUN
+    from tests.test_trainer import history
+
+    _real_engine_env()
+    common = ["train.steps=2", "eval.every=0", "rollout.engine=vllm_server", f"rollout.server.python={VLLM_PY}",
+              f"init_checkpoint={vllm_coldstart}"]  # fmt: skip
+    runs = {}
+    for name, extra in (("one", []), ("ranks", ["train.backend=deepspeed", "train.zero_stage=3"])):
+        over = [f"results_dir={tmp_path / name}", f"tracking.uri=sqlite:///{tmp_path / name}/mlflow.db", *common,
+                *extra]  # fmt: skip
+        launcher = [sys.executable, "-m"] if name == "one" else [str(TORCHRUN), "--standalone", "--nproc_per_node",
+                                                                  "2", "-m"]  # fmt: skip
+        cmd = [*launcher, "gspo_study", "train", SMOKE_BASE, "experiments/runs/gspo.yaml", *over]
+        done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = history(load_config([SMOKE_BASE, "experiments/runs/gspo.yaml"], over))
+    one, ranks = runs["one"], runs["ranks"]
+    assert (
+        one["rollout/reward/mean"] == ranks["rollout/reward/mean"]
+    )  # the same tokens: the same server rollouts
+    for key in ("policy/loss", "train/grad_norm"):
+        for step in (1, 2):
+            assert ranks[key][step] == pytest.approx(one[key][step], rel=1e-3, abs=1e-5), (key, step)
+    assert all(
+        abs(v) < 1e-5 for h in (one, ranks) for v in h["mismatch/k3"].values()
+    )  # step 2: the push landed
