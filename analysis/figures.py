@@ -166,7 +166,8 @@ INSTRUMENT = {"share": f"{ROUTE}/var_share", "flip_token": f"{ROUTE}/clip_flip_t
 
 
 def lag_table(s: Study) -> pd.DataFrame:
-    """One row per tracked run of a policy-lag sweep: run, seed, lag, held-out pass@1 at its last step, reward
+    """One row per tracked run of a policy-lag sweep: run, seed, lag, held-out pass@1 at its last step (and at step
+    0, `start`: the cold start), reward
     averaged over its last evaluation interval (as analysis/report.py), and the instrument and routing
     volatility averaged over its steps."""
     rows = []
@@ -177,7 +178,8 @@ def lag_table(s: Study) -> pd.DataFrame:
         reward = f[(f.metric == REWARD) & (f.step > start)].value.mean()
         means = {k: f[f.metric == m].value.mean() for k, m in INSTRUMENT.items()}
         rows.append(dict(run=r.run, seed=r.seed, lag=r.cfg.rollout.policy_lag, cell=f"{LAG}={r.cfg.rollout.policy_lag}",
-                         final=p.value.iat[-1], final_step=p.step.iat[-1], reward=reward, **means))  # fmt: skip
+                         final=p.value.iat[-1], final_step=p.step.iat[-1], start=p.value.iat[0], reward=reward,
+                         **means))  # fmt: skip
     return pd.DataFrame(rows)
 
 

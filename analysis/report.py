@@ -28,6 +28,11 @@ The sweep claim (figure 8) pools the cells where GRPO without replay moves at le
 activated experts per step: Δ = A − GRPO (no replay) paired by cell and seed, mean and t-interval over those
 pairs, verdict as above; "inconclusive" when no cell moves that much. It uses the sweep's runs that exist
 (the count is shown), so a partly trained sweep is reported as such.
+The policy-lag claims (figure 9) judge claims 4 and 2 at the sweep's regime: among the lags where GSPO still
+learns (mean final pass@1 above its cold start), the one where routing's share of the log-ratio variance of
+GRPO without replay (`moe/route/var_share`, mean over seeds) is largest; Δ is paired by seed at that lag, and
+shown at lag 0 too. The instrument's row is a reading (verdict "measured"), per lag, means over seeds.
+`--figure 9` writes only those rows, from the sweep's runs alone, to REPORT-figure-9.md.
 The REPORT.md is also logged as an artifact of a run named `report` (tags `report=<scale>`, `seeds`).
 """
 
@@ -203,21 +208,76 @@ def _sweep(study: Study):
     )
 
 
-def _lag(study: Study):
-    """Claim 4 where routing's share of the log-ratio is largest: the policy-lag sweep's lag with the highest
-    mean `moe/route/var_share` of GRPO without replay."""
-    t = lag_table(study)
-    total = len(study.runs) + len(study.missing)
+def regime_lag(t: pd.DataFrame) -> int | None:
+    """The policy-lag sweep's regime: among the lags where GSPO still learns (its mean held-out pass@1 gain over
+    the cold start is positive), the one where routing's share of the log-ratio variance (`moe/route/var_share`
+    of GRPO without replay, mean over seeds) is largest; every lag if GSPO learns at none. None: no such run."""
     share = t[t.run == "grpo"].groupby("lag").share.mean()
     if share.empty:
+        return None
+    gspo = t[t.run == "gspo"]
+    learns = set((gspo.final - gspo.start).groupby(gspo.lag).mean().loc[lambda g: g > 0].index)
+    pool = share[share.index.isin(learns)] if learns & set(share.index) else share
+    return int(pool.idxmax())
+
+
+def _at_lags(t: pd.DataFrame, a: str, b: str, lags: list[int]) -> list[tuple[int, float, float, float, int]]:
+    final = t.set_index(["run", "lag", "seed"]).final.sort_index()
+    out = []
+    for lag in lags:
+        if (a, lag) in final.index.droplevel("seed") and (b, lag) in final.index.droplevel("seed"):
+            out.append((lag, *mean_ci((final.loc[(a, lag)] - final.loc[(b, lag)]).dropna())))
+    return out
+
+
+def _lag_claim(study: Study, a: str, b: str, sign: int):
+    """A − B final pass@1 paired by seed at the sweep's lag 0 (the base, 30 steps) and at its regime
+    (`regime_lag`); the verdict is the regime's."""
+    t = lag_table(study)
+    total = len(study.runs) + len(study.missing)
+    lag = regime_lag(t)
+    if lag is None:
         return f"{len(study.runs)} of {total} sweep runs; none of GRPO without replay", "inconclusive"
-    worst = int(share.idxmax())
-    final = t[t.lag == worst].set_index(["run", "seed"]).final
-    mean, lo, hi, n = mean_ci((final.loc["grpo"] - final.loc["grpo_r2"]).dropna())
-    shares = ", ".join(f"lag {lag}: {v:.3g}" for lag, v in share.items())
-    text = (f"{len(study.runs)} of {total} sweep runs; routing's share of Var log-ratio (GRPO, no replay) "
-            f"{shares}; at lag {worst}: GRPO (no replay) − GRPO + R2 final pass@1 {_fmt(mean, lo, hi)} (n={n})")  # fmt: skip
-    return text, verdict("diff", lo, hi, -1)
+    share = t[t.run == "grpo"].groupby("lag").share.mean()
+    found = {k: (m, lo, hi, n) for k, m, lo, hi, n in _at_lags(t, a, b, sorted({0, lag}))}
+    if lag not in found:
+        return (
+            f"{len(study.runs)} of {total} sweep runs; no {label(a)} and {label(b)} pair at lag {lag}",
+            "inconclusive",
+        )
+    parts = [
+        f"at lag {k}{' (regime)' if k == lag else ''}: {_fmt(*v[:3])} (n={v[3]})" for k, v in found.items()
+    ]
+    text = (f"{len(study.runs)} of {total} sweep runs; regime = lag {lag} (largest routing share of Var log-ratio, "
+            f"{share.loc[lag]:.3g}, where GSPO still gains over the cold start); {label(a)} − {label(b)} final "
+            f"pass@1 " + "; ".join(parts))  # fmt: skip
+    _, lo, hi, _ = found[lag]
+    return text, verdict("diff", lo, hi, sign)
+
+
+def _lag(study: Study):
+    """Claim 4 at the policy-lag sweep's regime (`regime_lag`)."""
+    return _lag_claim(study, "grpo", "grpo_r2", -1)
+
+
+def _lag_efficiency(study: Study):
+    """Claim 2 at the policy-lag sweep's regime."""
+    return _lag_claim(study, "gspo", "grpo_r2", +1)
+
+
+def _instrument(study: Study):
+    """The instrument's reading per lag (GRPO without replay, mean over seeds): routing's share of Var ℓ, the
+    GRPO token / GSPO sequence clip decisions routing alone flips, routing volatility per step. A reading, not
+    a claim: no verdict beyond "measured"."""
+    t = lag_table(study)
+    head = f"{len(study.runs)} of {len(study.runs) + len(study.missing)} sweep runs; "
+    g = t[t.run == "grpo"].groupby("lag")[["share", "flip_token", "flip_seq", "vol"]].mean()
+    if g.empty:
+        return head + "none of GRPO without replay", "inconclusive"
+    n = t[t.run == "grpo"].groupby("lag").seed.nunique()
+    cells = [f"lag {lag}: share {r.share:.3g}, flips {r.flip_token:.2%} token / {r.flip_seq:.2%} seq, volatility "
+             f"{r.vol:.2%} (n={n.loc[lag]})" for lag, r in g.iterrows()]  # fmt: skip
+    return head + "; ".join(cells), "measured"
 
 
 CLAIMS = [
@@ -236,7 +296,12 @@ CLAIMS = [
     Claim("Where routing moves, GRPO without replay falls behind GSPO and GRPO + R2 (Fig. 8, ours)",
           "§5.3: GRPO without replay fails on MoE; replay or GSPO fixes it", (), _sweep, figure=8),
     Claim("Where routing is most of the ratio (policy lag, Fig. 9, ours), GRPO without replay falls behind "
-          "GRPO + R2", "§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows", (), _lag, figure=9),
+          "GRPO + R2 (claim 4 at the regime)", "§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows",
+          (), _lag, figure=9),
+    Claim("GSPO trains more efficiently than GRPO + R2 at that regime (claim 2 at the regime, Fig. 9)",
+          "higher reward and scores (Fig. 1, at lag 0)", (), _lag_efficiency, figure=9),
+    Claim("How much of the importance ratio is routing (the instrument, Fig. 9, ours)", "R2 removes the routing "
+          "term (§5.3); no number reported", (), _instrument, figure=9),
 ]  # fmt: skip
 
 
@@ -250,11 +315,11 @@ def _commit() -> str:
         return "unknown"
 
 
-def rows(study: Study, sweeps: dict[int, Study]) -> list[tuple[str, str, str, str]]:
-    """(claim, paper, ours, verdict) per claim; "not run" where a run or seed is missing."""
+def rows(study: Study, sweeps: dict[int, Study], claims=None) -> list[tuple[str, str, str, str]]:
+    """(claim, paper, ours, verdict) per claim (`claims`: all); "not run" where a run or seed is missing."""
     absent = {run for run, _, _ in study.missing}
     out = []
-    for c in CLAIMS:
+    for c in CLAIMS if claims is None else claims:
         if c.figure is not None:
             sweep = sweeps[c.figure]
             out.append((c.text, c.paper, *c.measure(sweep)) if sweep.runs else
@@ -270,11 +335,17 @@ def rows(study: Study, sweeps: dict[int, Study]) -> list[tuple[str, str, str, st
     return out
 
 
-def render(study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int]) -> str:
+def render(
+    study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int], figure: int | None = None
+) -> str:
     runs = [*study.runs, *(r for sweep in sweeps.values() for r in sweep.runs)]
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs}) or ["(no runs)"]
+    claims = CLAIMS if figure is None else [c for c in CLAIMS if c.figure == figure]
+    title = f"# Reproduction report: scale `{scale}`" + (
+        f", the claims measured on figure {figure}'s sweep" if figure else ""
+    )
     lines = [
-        f"# Reproduction report: scale `{scale}`",
+        title,
         "",
         f"- seeds: {', '.join(map(str, seeds))}",
         f"- git commit(s) of the runs: {', '.join(commits)}; report drawn at {_commit()}",
@@ -284,18 +355,25 @@ def render(study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int])
         "| # | claim (GSPO paper) | paper | ours (mean [95% CI]) | verdict |",
         "|---|---|---|---|---|",
     ]
-    for i, row in enumerate(rows(study, sweeps), 1):
-        lines.append(f"| {i} | " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    for c, row in zip(claims, rows(study, sweeps, claims)):
+        lines.append(f"| {CLAIMS.index(c) + 1} | " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
     rule = __doc__.split("Per-seed measures:", 1)[1].split("The REPORT.md", 1)[0]
     return "\n".join(lines) + "\n\n## How the numbers and verdicts are computed\n\nPer-seed measures:" + rule
 
 
-def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
-    runs = list(dict.fromkeys(r for c in CLAIMS for r in c.runs))
-    study = load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds])
-    figs = {c.figure for c in CLAIMS if c.figure is not None}
+def make_report(scale: str, seeds: list[int], overrides=(), figure: int | None = None) -> Path:
+    """REPORT.md (every claim), or with `figure` REPORT-figure-N.md: only the claims measured on that figure's
+    sweep, from its runs alone (e.g. where the base runs of claims 1–7 are not in this store)."""
+    claims = CLAIMS if figure is None else [c for c in CLAIMS if c.figure == figure]
+    if not claims:
+        raise ConfigError(f"bad figure {figure!r}; allowed: one whose sweep a claim is measured on "
+                          f"({', '.join(str(c.figure) for c in CLAIMS if c.figure is not None)})")  # fmt: skip
+    runs = list(dict.fromkeys(r for c in claims for r in c.runs))
+    figs = {c.figure for c in claims if c.figure is not None}
     sweeps = {f: load(figure_configs(f, scale, seeds, tuple(overrides))) for f in figs}
-    path = study.out_dir / "REPORT.md"
+    study = (load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds]) if runs
+             else sweeps[figure])  # fmt: skip
+    path = study.out_dir / ("REPORT.md" if figure is None else f"REPORT-figure-{figure}.md")
     if not study.runs and not any(s.runs for s in sweeps.values()):  # e.g. a fresh clone: no store shipped
         raise ConfigError(
             f"no tracked runs of scale {scale!r} (seeds {', '.join(map(str, seeds))}) in {study.uri}; train them "
@@ -306,7 +384,7 @@ def make_report(scale: str, seeds: list[int], overrides=()) -> Path:
     if note:  # another machine or library draw than the shipped study's: say so, in one line
         print(note)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(study, sweeps, scale, seeds))
+    path.write_text(render(study, sweeps, scale, seeds, figure))
     if study.runs:
         log_outputs(study, "report", {"report": scale, "seeds": ",".join(map(str, seeds))}, [path])
     return path
@@ -316,10 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
     p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
+    p.add_argument(
+        "--figure", type=int, help="only the claims measured on this figure's sweep (REPORT-figure-N.md)"
+    )
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
     args = p.parse_args(argv)
     try:
-        path = make_report(args.scale, parse_seeds(args.seeds, args.scale), args.overrides)
+        path = make_report(args.scale, parse_seeds(args.seeds, args.scale), args.overrides, args.figure)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
