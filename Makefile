@@ -74,7 +74,7 @@ reproduce-figure-%: install
 	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
 
 report: install
-	$(PY) analysis/report.py --scale $(SCALE) $(SEEDS_ARG) $(OVERRIDES)
+	$(PY) analysis/report.py --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURE),--figure $(FIGURE)) $(OVERRIDES)
 
 # Speed and overhead measurements (not tests): routing-replay overhead, rollout and RL step vs TRL.
 bench: install
