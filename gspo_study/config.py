@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
+from urllib.parse import urlsplit
 
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -646,6 +647,12 @@ def _check_server(s: ServerConfig) -> None:
             isinstance(url, str) and url.startswith(("http://", "https://")) and len(url) > len("http://"),
             f"bad value {url!r} in 'rollout.server.urls'; allowed: server addresses like http://10.0.0.2:8000",
         )
+    remote = [u for u in s.urls if urlsplit(u).hostname not in ("127.0.0.1", "localhost", "::1")]
+    _require(
+        not remote or bool(s.weight_dir),
+        f"rollout.server.urls={remote} are other machines: rollout.server.weight_dir must name storage they read "
+        "the pushed weights from (e.g. a shared filesystem); allowed: a directory path",
+    )
 
 
 def to_flat_dict(cfg: Config) -> dict[str, Any]:

@@ -131,11 +131,12 @@ def test_server_config_is_checked_and_never_part_of_a_runs_identity():
 
     base = load_config(SMOKE_BASE, ["rollout.engine=vllm_server"])
     wide = load_config(SMOKE_BASE, ["rollout.engine=vllm_server", "rollout.server.tensor_parallel_size=8",
-                                    "rollout.server.urls=[http://10.0.0.2:8000]"])  # fmt: skip
+                                    "rollout.server.urls=[http://10.0.0.2:8000]", "rollout.server.weight_dir=/nfs/w"])  # fmt: skip
     assert run_key(base) == run_key(wide) != run_key(load_config(SMOKE_BASE))
     for bad, match in (("rollout.server.urls=[10.0.0.2]", "rollout.server.urls"),
                        ("rollout.server.tensor_parallel_size=0", "tensor_parallel_size"),
-                       ("rollout.server.start_timeout_s=0", "start_timeout_s")):  # fmt: skip
+                       ("rollout.server.start_timeout_s=0", "start_timeout_s"),
+                       ("rollout.server.urls=[http://node-b:8000]", "weight_dir must name storage")):  # fmt: skip
         with pytest.raises(ConfigError, match=match) as err:
             load_config(SMOKE_BASE, [bad])
         assert "\n" not in str(err.value)

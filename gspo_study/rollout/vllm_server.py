@@ -249,6 +249,8 @@ def post_json(url: str, body: dict | None = None, timeout: float = 600.0) -> dic
     except urllib.error.HTTPError as err:
         detail = err.read().decode(errors="replace")[:500]
         raise RuntimeError(f"rollout server {url} answered HTTP {err.code}: {detail}") from None
+    except urllib.error.URLError as err:
+        raise RuntimeError(f"rollout server {url} is not answering ({err.reason}); is it running?") from None
     return json.loads(text)
 
 
