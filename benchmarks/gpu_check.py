@@ -20,6 +20,9 @@ Parts (each is recorded as ok / skipped / failed with its numbers; one failing d
   step's 4 updates, what the suite logs as `moe/routing_volatility/*`).
 - `vllm`: `tests/test_vllm_engine.py -k GPU` (the real engine in bf16, weight sync, R3 routing) when vllm and
   pytest import; else skipped with one line.
+- `vllm_server`: the `vllm_server` rollout engine against a real vLLM server it starts (bf16 log-probs vs the
+  trainer's forward, a weight push, on a GPU R3's routed experts over HTTP vs the training forward's routing);
+  skipped with one line where no vLLM imports.
 - `deepspeed`: not part of this check (the suite's DeepSpeed paths run under torchrun and log to MLflow); the
   line says whether deepspeed imports.
 
@@ -80,11 +83,11 @@ SHAPES = {
         num_experts=8,
         num_experts_per_tok=2,
         hidden_size=32,
-        moe_intermediate_size=16,
+        moe_intermediate_size=32,  # 32 and head_dim 32: shapes vLLM's CPU kernels take (the server part on CPU)
         intermediate_size=64,
         num_attention_heads=2,
         num_key_value_heads=1,
-        head_dim=16,
+        head_dim=32,
     ),
 }
 # Sizes per shape: cold-start steps and batch, RL steps, prompts × group, lr, HF-engine batch.
@@ -97,7 +100,9 @@ SIZES = {
     ),
 }
 RUNS = ("gspo", "grpo_r2", "grpo")  # experiments/runs/<name>.yaml
-VLLM_RESERVE_S = 180.0  # seconds kept for the vLLM tests when vllm is installed (engine start-up included)
+VLLM_RESERVE_S = (
+    270.0  # seconds kept for the vLLM parts when vllm is installed (engine and server start-up included)
+)
 EXPERTS_FALLBACK = ("grouped_mm_index", "grouped_mm", "batched_mm", "eager")
 
 
@@ -444,6 +449,79 @@ def part_vllm(state: dict) -> dict:
     }
 
 
+def part_vllm_server(state: dict) -> dict:
+    """`rollout.engine: vllm_server` against a real vLLM server started on this machine (this interpreter's vLLM,
+    or `--vllm-python`): bf16 rollouts of the cold start and their log-probs against the trainer's forward, a
+    push of perturbed weights (disk + /collective_rpc), and on a GPU R3's routed experts returned over HTTP
+    against the training forward's routing — the paths the CPU tests cannot reach (GPU build, R3)."""
+    from gspo_study.config import ServerConfig
+    from gspo_study.rollout.vllm_server import VLLMServerEngine, has_vllm, is_cpu_build
+
+    python = state.get("vllm_python") or sys.executable
+    if "weights" not in state:
+        return {"status": "skipped", "reason": "no cold start (the coldstart part did not finish)"}
+    if not has_vllm(python):
+        return {
+            "status": "skipped",
+            "reason": f"{python} has no vLLM (pip install '.[gpu]', or --vllm-python)",
+        }
+    cpu = is_cpu_build(python)
+    device = state["device"]
+    if not cpu and device.type != "cuda":
+        return {"status": "skipped", "reason": "the GPU build of vLLM needs a CUDA GPU"}
+    model, tok = build(state["shape"], device, state["seed"], state["experts"])
+    model.load_state_dict(state["weights"])
+    prompts = [
+        p.prompt for p in get_task(config("gspo", state["sizes"], []).task).sample_train(64, random.Random(9))
+    ]
+    args = ["--max-model-len", "256"] + (
+        [] if cpu else ["--gpu-memory-utilization", "0.3", "--enforce-eager"]
+    )
+    server = ServerConfig(python=python, args=args, start_timeout_s=max(60.0, state["check"].left() - 30))
+    engine = VLLMServerEngine(model, tok, "bfloat16", server, state["check"].out / "vllm-server")
+    routing = not cpu  # vLLM returns routed experts on a GPU only
+
+    def forward(batch):
+        seq, att = batch.sequences.to(device), batch.attention_mask.to(device)
+        with torch.no_grad(), autocast(device), record_routing(model) as trace:
+            lp, _ = token_logprobs(model, seq, att)
+        return lp.float().cpu(), trace.to("cpu")
+
+    try:
+        t0 = time.time()
+        batch = _gen(engine, prompts, 1, object() if routing else None)  # any recorder asks for the routing
+        first_s = time.time() - t0
+        train_lp, train_trace = forward(batch)
+        out = {
+            "cpu_build": cpu,
+            "start_s": round(engine.timings.get("start_s", float("nan")), 1),
+            "first_rollout_s": round(first_s, 2),
+            "response_tokens": int(batch.response_lengths.sum()),
+            "mismatch_vs_train_forward": mismatch_metrics(
+                train_lp, batch.rollout_logprobs, batch.response_mask
+            ),
+        }
+        if routing:
+            out["r3_server_vs_train_forward_changed"] = routing_volatility(
+                batch.routing, train_trace, batch.response_mask
+            )["overall"]
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(0.02 * torch.randn_like(param))
+        engine.sync(model)
+        t0 = time.time()
+        after = _gen(engine, prompts, 2)
+        out["push_and_rollout_s"] = round(time.time() - t0, 3)
+        out["push"] = {k: v for k, v in engine.last_push.items() if k != "workers"}
+        out["mismatch_after_push"] = mismatch_metrics(
+            forward(after)[0], after.rollout_logprobs, after.response_mask
+        )
+        out["same_seed_same_tokens"] = torch.equal(_gen(engine, prompts, 2).sequences, after.sequences)
+    finally:
+        engine.close()
+    return out
+
+
 def part_deepspeed(state: dict) -> dict:
     there = importlib.util.find_spec("deepspeed") is not None
     return {
@@ -499,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="4 layers, 8 experts: the CPU test of this script")
     p.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget; RL runs shorten to fit")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--vllm-python", help="interpreter with vLLM for the server part (default: this one)")
     p.add_argument("--experts", default="grouped_mm_index", help="experts kernel tried first")
     p.add_argument(
         "--lr", type=float, help="RL learning rate (default: 1e-4 for the miniature, as the CPU study)"
@@ -529,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         check.part("hf_engine", part_hf_engine, state)
         check.part("rl", part_rl, state)
     check.part("vllm", part_vllm, state)
+    state["vllm_python"] = args.vllm_python
+    check.part("vllm_server", part_vllm_server, state)
     check.part("deepspeed", part_deepspeed, state)
     check.write()
     say(summary(check.results))

@@ -25,7 +25,9 @@ def test_tiny_check_on_cpu_writes_every_part(tmp_path):
     gpu_check = _module("gpu_check")
     mini = gpu_check.SHAPES["mini"]  # what the GPU runs: Qwen3-30B-A3B's routing shape
     assert (mini["num_hidden_layers"], mini["num_experts"], mini["num_experts_per_tok"]) == (48, 128, 8)
-    rc = gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--budget-s", "300"])
+    vllm_py = ROOT / ".venv-vllm" / "bin" / "python"  # the server part against vLLM's CPU build, where built
+    server = ["--vllm-python", str(vllm_py)] if vllm_py.exists() else []
+    rc = gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--budget-s", "300", *server])
     res = json.loads((tmp_path / "results.json").read_text())
     assert rc == 0, {k: v.get("error") for k, v in res.items()}
     assert [res[k]["status"] for k in ("env", "coldstart", "hf_engine", "rl")] == ["ok"] * 4
@@ -41,6 +43,14 @@ def test_tiny_check_on_cpu_writes_every_part(tmp_path):
         moved.append(res["rl"][run]["mean_volatility_per_update"])
     assert max(moved) > 0  # the updates moved the routers
     assert res["vllm"]["status"] == "skipped" and res["deepspeed"]["status"] == "skipped"
+    if server:  # a real server: bf16 rollouts near the fp32 trainer's forward, a push that lands, same seed
+        srv = res["vllm_server"]
+        assert srv["status"] == "ok" and srv["cpu_build"] and srv["response_tokens"] > 0, srv
+        assert (
+            0 <= srv["mismatch_vs_train_forward"]["k3"] < 0.05
+            and 0 <= srv["mismatch_after_push"]["k3"] < 0.05
+        )
+        assert srv["push"]["reload_s"] < 10 and srv["same_seed_same_tokens"]
     text = (tmp_path / "summary.txt").read_text()
     assert "% per update" in text and "vllm: skipped" in text
 
