@@ -382,3 +382,18 @@ def test_real_server_with_two_zero3_ranks_matches_one_process(vllm_coldstart, tm
     assert all(
         abs(v) < 1e-5 for h in (one, ranks) for v in h["mismatch/k3"].values()
     )  # step 2: the push landed
+
+
+@pytest.mark.slow
+def test_r3_against_the_cpu_build_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    python = _real_engine_env()
+    from gspo_study.moe import record_routing
+
+    model = smoke(head_dim=32, moe_intermediate_size=32)
+    engine = VLLMServerEngine(model, TOK, "float32", ServerConfig(python=str(python)), tmp_path / "w")
+    with pytest.raises(ConfigError, match="needs a CUDA GPU") as err:
+        engine.generate(
+            PROMPTS, 4, TEMPERATURE, torch.Generator().manual_seed(0), routing_recorder=record_routing(model)
+        )
+    assert "\n" not in str(err.value) and "rollout.engine=vllm_server" in str(err.value)
+    assert not (tmp_path / "w").exists() and engine.process is None

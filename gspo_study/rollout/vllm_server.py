@@ -457,9 +457,12 @@ class VLLMServerEngine:
             )
         cpu = is_cpu_build(python)
         port = _free_port()
+        model_dir = self.weight_dir / "model"
+        argv = server_argv(
+            python, str(model_dir), port, self.dtype, self.server, cpu, routing
+        )  # checks first
         t0 = time.perf_counter()
-        model_dir = write_model_dir(weights, self.model.config, self.weight_dir / "model")
-        argv = server_argv(python, str(model_dir), port, self.dtype, self.server, cpu, routing)
+        write_model_dir(weights, self.model.config, model_dir)
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc and /reset_prefix_cache
         self.process = ServerProcess(argv, self.weight_dir / "server.log", env)
         (self.weight_dir / "server.json").write_text(
