@@ -37,9 +37,11 @@ $(STAMP): pyproject.toml
 	@echo '$(TORCH_SPEC)' > $(VENV)/.torch-spec && echo '$(EXTRAS)' > $(VENV)/.extras
 	@touch $@
 
+# pytest workers (pytest-xdist), one per core; a test file's tests share one worker (its module fixtures run once)
+TEST_JOBS ?= 2
 test: install
 	-$(MAKE) --no-print-directory vllm-env  # the real-engine tests' environment; if it fails they skip (CI: fail)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile tests
 
 vllm-env: $(VLLM_STAMP)
 
