@@ -431,14 +431,12 @@ class VLLMServerEngine:
     def _ensure_started(self, routing: bool) -> None:
         if self._started:
             return
-        if (
-            self.urls
-        ):  # an external pool (the same on every rank): R3 works if it was started to capture routing
+        if self.urls:
+            # an external pool (the same on every rank): R3 works if it was started to capture routing
             self.routing = routing
         else:
-            with (
-                self._whole_weights() as weights
-            ):  # every rank joins (ZeRO-3: a collective); rank 0 starts it
+            # every rank joins (ZeRO-3: a collective); rank 0 starts the server
+            with self._whole_weights() as weights:
                 if weights is not None:
                     self._start(routing, weights)
         dist = _dist()
@@ -458,9 +456,8 @@ class VLLMServerEngine:
         cpu = is_cpu_build(python)
         port = _free_port()
         model_dir = self.weight_dir / "model"
-        argv = server_argv(
-            python, str(model_dir), port, self.dtype, self.server, cpu, routing
-        )  # checks first
+        # built first: it refuses what cannot run (R3 on the CPU build) before anything is written
+        argv = server_argv(python, str(model_dir), port, self.dtype, self.server, cpu, routing)
         t0 = time.perf_counter()
         write_model_dir(weights, self.model.config, model_dir)
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc and /reset_prefix_cache
