@@ -33,6 +33,10 @@ learns (mean final pass@1 above its cold start), the one where routing's share o
 GRPO without replay (`moe/route/var_share`, mean over seeds) is largest; Δ is paired by seed at that lag, and
 shown at lag 0 too. The instrument's row is a reading (verdict "measured"), per lag, means over seeds.
 `--figure 9` writes only those rows, from the sweep's runs alone, to REPORT-figure-9.md.
+The correction claims (figure 10, bf16 rollout engine) pair by seed: the bypass against recomputed π_old with no
+correction and with token TIS, sequence MIS and IcePop ("no harm", GSPO and GRPO + R2), and GRPO + R3 against
+GRPO + R2 with each ("diff", R3 ahead); each row's verdict is the uncorrected pair's, and its text says which
+correction, if any, gives another verdict. `--figure 10` writes them to REPORT-figure-10.md.
 The REPORT.md is also logged as an artifact of a run named `report` (tags `report=<scale>`, `seeds`).
 """
 
@@ -280,6 +284,59 @@ def _instrument(study: Study):
     return head + "; ".join(cells), "measured"
 
 
+CORRECTIONS = {
+    "bf16_recompute": "none",
+    "bf16_tis": "token TIS",
+    "bf16_mis": "sequence MIS",
+    "bf16_icepop": "IcePop",
+}
+
+
+def _changed(base: str, per: dict[str, str]) -> str:
+    """Which corrections turn the uncorrected verdict `base` into another, as text."""
+    moved = [f"{CORRECTIONS[c]} ({v})" for c, v in per.items() if c != "bf16_recompute" and v != base]
+    return "changed by " + ", ".join(moved) if moved else "no correction changes it"
+
+
+def _correction_precision(study: Study):
+    """§5.4 beside the corrections (figure 10): the bypass (rollout log-probs as π_old) against recomputed π_old
+    with no correction and with each correction, final pass@1 paired by seed, "no harm" verdict per pair, for
+    GSPO and for GRPO + R2. The verdict is GSPO's uncorrected one (claim 6 at figure 10's runs); the text says
+    which correction, if any, gives another."""
+    texts, verdicts = [], {}
+    for obj in ("gspo", "grpo_r2"):
+        per = {}
+        for c in CORRECTIONS:
+            text, per[c] = difference(study, final_pass, f"{obj}_bf16_rollout", f"{obj}_{c}",
+                                      f"bypass − recompute ({CORRECTIONS[c]})", "no_harm", +1)  # fmt: skip
+            texts.append(f"{label(obj)}: {text} → {per[c]}")
+        verdicts[obj] = per
+        texts.append(f"{label(obj)}: {_changed(per['bf16_recompute'], per)}")
+    head = f"{len(study.runs)} of {len(study.runs) + len(study.missing)} sweep runs; "
+    return head + "; ".join(texts), verdicts["gspo"]["bf16_recompute"]
+
+
+def _correction_replay(study: Study):
+    """R2 vs R3 beside the corrections (figure 10): GRPO + R3 − GRPO + R2 final pass@1 paired by seed, with R2's
+    π_old recomputed and no correction (figure 7's comparison) and with each correction. R3 paper's sign: R3
+    ahead under a mismatched rollout engine. The verdict is the uncorrected pair's; the text says which
+    correction changes it, and each correction's masked token fraction."""
+    texts, per = [], {}
+    for c in CORRECTIONS:
+        text, per[c] = difference(study, final_pass, "grpo_r3_bf16", f"grpo_r2_{c}", f"R3 − R2 ({CORRECTIONS[c]})",
+                                  "diff", +1)  # fmt: skip
+        masked = training_mean("correction/masked_frac/token")(study, f"grpo_r2_{c}").mean()
+        masked_text = "" if math.isnan(masked) else f", R2's masked tokens {masked:.3%}"
+        texts.append(f"{text}{masked_text} → {per[c]}")
+    k3_r2, k3_r3 = (
+        training_mean("mismatch/k3")(study, r).mean() for r in ("grpo_r2_bf16_recompute", "grpo_r3_bf16")
+    )
+    texts.append(f"k3 mismatch R2 {k3_r2:.3g}, R3 {k3_r3:.3g}")
+    texts.append(_changed(per["bf16_recompute"], per))
+    head = f"{len(study.runs)} of {len(study.runs) + len(study.missing)} sweep runs; "
+    return head + "; ".join(texts), per["bf16_recompute"]
+
+
 CLAIMS = [
     Claim("RL improves on the cold start (precondition for the claims below)", "steady gains with "
           "training compute (Fig. 1)", ("gspo",), _improves),
@@ -302,6 +359,11 @@ CLAIMS = [
           "higher reward and scores (Fig. 1, at lag 0)", (), _lag_efficiency, figure=9),
     Claim("How much of the importance ratio is routing (the instrument, Fig. 9, ours)", "R2 removes the routing "
           "term (§5.3); no number reported", (), _instrument, figure=9),
+    Claim("§5.4 beside the train–inference corrections (Fig. 10, ours): rollout log-probs are no worse than "
+          "recomputed π_old, with token TIS, sequence MIS or IcePop", "no loss (§5.4); TRL, verl, slime correct by "
+          "default", (), _correction_precision, figure=10),
+    Claim("R3 ahead of R2 under a bf16 rollout engine, with and without a correction on R2 (Fig. 10, ours)",
+          "R3 paper (arXiv 2510.11370): R3 fixes the mismatch R2 leaves", (), _correction_replay, figure=10),
 ]  # fmt: skip
 
 

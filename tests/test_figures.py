@@ -406,3 +406,18 @@ def test_figure_10_corrections(study):
         assert all(close(a, b) for a, b in zip((r.mean, r.lower, r.upper, r.n_seeds), seed_stats(values))), r
     assert set(csv[csv.panel == "a"].run) == every  # one bar per run
     assert set(csv[csv.panel == "e"].run) == {r for r in every if r.endswith(("_tis", "_mis", "_icepop"))}
+    path = report.make_report("smoke", SEEDS, overrides, figure=10)
+    assert path.name == "REPORT-figure-10.md"
+    table = [line for line in path.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [int(line.split("|")[1]) for line in table] == [
+        i + 1 for i, c in enumerate(report.CLAIMS) if c.figure == 10
+    ]
+    final = {r: [h[mlflow_key(PASS1)][max(h[mlflow_key(PASS1)])] for h in (hist[(r, s)] for s in SEEDS)]
+             for r in every}  # fmt: skip
+    bypass = [a - b for a, b in zip(final["gspo_bf16_rollout"], final["gspo_bf16_tis"])]
+    assert "GSPO: bypass − recompute (token TIS): " in table[0] and f"Δ {np.mean(bypass):.4g}" in table[0]
+    r3 = [a - b for a, b in zip(final["grpo_r3_bf16"], final["grpo_r2_bf16_recompute"])]
+    assert "R3 − R2 (none): " in table[1] and f"Δ {np.mean(r3):.4g}" in table[1]
+    for row in table:
+        assert f"{len(pairs)} of {len(pairs)} sweep runs" in row
+        assert ("no correction changes it" in row) or ("changed by " in row)
