@@ -12,9 +12,11 @@ trained with experiments/<scale>/coldstart.yaml or, if it exists, experiments/<s
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import multiprocessing
 import os
+import pickle
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -134,6 +136,7 @@ def run_figure(
     first. A run's numbers depend on its thread count: same config, seed and threads, same numbers."""
     if jobs < 1:
         raise ConfigError(f"bad JOBS {jobs!r}; allowed: a positive integer (runs trained at once)")
+    code = code_digest()  # each worker imports the package afresh: it must be the code the sweep started with
     configs = figure_configs(figure, scale, seeds, overrides)
     from gspo_study.tracking import all_finished
 
@@ -159,7 +162,7 @@ def run_figure(
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per run: no torch state shared
     with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
         futures = {
-            pool.submit(_train_quietly, dataclasses.replace(cfg, threads=threads)): i
+            pool.submit(_train_quietly, code, pickle.dumps(dataclasses.replace(cfg, threads=threads))): i
             for i, (_, cfg) in enumerate(configs)
         }
         try:
@@ -181,9 +184,25 @@ def run_figure(
     return [cfg for _, cfg in configs]
 
 
-def _train_quietly(cfg: Config) -> tuple[float, bool]:
+def code_digest() -> str:
+    """sha256 of the package's Python sources (relative paths and contents), as the running interpreter finds them."""
+    package = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _train_quietly(code: str, pickled: bytes) -> tuple[float, bool]:
     """One run in a worker process (no progress bar: several runs share the terminal): (wall seconds, whether
-    it trained — a finished run is skipped)."""
+    it trained — a finished run is skipped). The config comes pickled and is unpickled only once the worker's
+    code is known to be the sweep's (an edit under a running sweep once crashed its workers in unpickling)."""
+    if code_digest() != code:
+        raise SweepInterrupted(
+            f"the code under {Path(__file__).resolve().parent} changed since this sweep started; the runs finished "
+            "so far are kept: rerun the same command (or run long sweeps from a frozen copy, `git worktree add`)"
+        )
+    cfg: Config = pickle.loads(pickled)
     os.environ["TQDM_DISABLE"] = "1"
     from gspo_study.trainer import train
 

@@ -424,3 +424,30 @@ def test_run_from_a_retrained_cold_start_is_not_reused(smoke_cfg, smoke_results,
     assert (
         len(err) == 1 and "started from a different checkpoint" in err[0] and "mlflow runs delete" in err[0]
     )
+
+
+def test_sweep_worker_refuses_code_changed_under_the_sweep(tmp_path):
+    """A sweep's worker imports the package afresh: if the sources changed since the sweep started, it stops with
+    one line before it unpickles the config (an edit under a running sweep once crashed its workers there); the
+    digest follows an edit of any module, as a fresh interpreter finds it."""
+    from gspo_study.errors import SweepInterrupted
+    from gspo_study.study import _train_quietly, code_digest
+
+    with pytest.raises(SweepInterrupted, match="changed since this sweep started") as err:
+        _train_quietly("0" * 64, b"not a pickle: never read")
+    assert "\n" not in str(err.value)
+    package = Path(__file__).resolve().parents[1] / "gspo_study"
+    shutil.copytree(package, tmp_path / "gspo_study", ignore=shutil.ignore_patterns("__pycache__"))
+    probe = [sys.executable, "-c", "from gspo_study.study import code_digest; print(code_digest())"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def digest() -> str:
+        return subprocess.run(
+            probe, env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    before = digest()
+    assert before == code_digest()  # the copy is the code under test
+    with open(tmp_path / "gspo_study" / "config.py", "a") as f:
+        f.write("\n# edited under a running sweep\n")
+    assert digest() != before
