@@ -2,7 +2,8 @@
 
 tests/golden/run_keys.json holds the keys of every figure's runs (each scale, sweep cell and seeds 1-5) and of
 every run × ablation file at seed 1, computed by the code at f2162fb (the tracked CPU study's commit; the few
-combinations that are now refused at load, a preset override on a checkpoint path, were dropped). A new config
+combinations that are now refused at load, a preset override on a checkpoint path, were dropped); figures 9 and
+10's CPU runs were added at 09f91e7, their keys checked equal to the `run_key` tags of the tracked runs. A new config
 field must keep these keys at its default (`tracking.LATER_KNOBS`): if this test fails, a change moved the
 identity of runs that exist and would silently re-train them.
 """
@@ -38,7 +39,7 @@ def test_every_pinned_run_keeps_its_key():
 
 def test_golden_file_covers_every_figure_at_the_cpu_scale():
     golden = json.loads(GOLDEN.read_text())
-    for figure in range(1, 9):
+    for figure in range(1, 11):
         labels = {
             " ".join(["cpu", run, f"seed={seed}", *cell])
             for cell, run, seed in _items(figure, "cpu", [1, 2, 3])
