@@ -36,7 +36,9 @@ shown at lag 0 too. The instrument's row is a reading (verdict "measured"), per 
 The correction claims (figure 10, bf16 rollout engine) pair by seed: the bypass against recomputed π_old with no
 correction and with token TIS, sequence MIS and IcePop ("no harm", GSPO and GRPO + R2), and GRPO + R3 against
 GRPO + R2 with each ("diff", R3 ahead); each row's verdict is the uncorrected pair's, and its text says which
-correction, if any, gives another verdict. `--figure 10` writes them to REPORT-figure-10.md.
+correction, if any, gives another verdict. The per-correction verdicts are not corrected for multiple
+comparisons (four pairs per row): at n = 3 one interval in eight excluding 0 is what chance alone gives.
+`--figure 10` writes them to REPORT-figure-10.md.
 The REPORT.md is also logged as an artifact of a run named `report` (tags `report=<scale>`, `seeds`).
 """
 
