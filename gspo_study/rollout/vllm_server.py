@@ -328,17 +328,32 @@ class ServerProcess:
             time.sleep(1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 10  # SIGKILL is asynchronous: return once the group is really gone
+        while group_alive(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self._log.close()
 
 
 def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (zombies, dead but not yet reaped, do not count; where /proc
+    is missing, any member counts)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while being read
+        if int(group) == pgid and state != "Z":
+            return True
+    return False
 
 
 # ------------------------------------------------------------------------------------------------ engine
