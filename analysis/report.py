@@ -236,25 +236,30 @@ def _at_lags(t: pd.DataFrame, a: str, b: str, lags: list[int]) -> list[tuple[int
     return out
 
 
+def _runs_found(study: Study) -> str:
+    """How many of a sweep's runs the row is measured on (a partly trained sweep is reported as such)."""
+    return f"{len(study.runs)} of {len(study.runs) + len(study.missing)} sweep runs; "
+
+
 def _lag_claim(study: Study, a: str, b: str, sign: int):
     """A − B final pass@1 paired by seed at the sweep's lag 0 (the base, 30 steps) and at its regime
     (`regime_lag`); the verdict is the regime's."""
     t = lag_table(study)
-    total = len(study.runs) + len(study.missing)
+    head = _runs_found(study)
     lag = regime_lag(t)
     if lag is None:
-        return f"{len(study.runs)} of {total} sweep runs; none of GRPO without replay", "inconclusive"
+        return head + "none of GRPO without replay", "inconclusive"
     share = t[t.run == "grpo"].groupby("lag").share.mean()
     found = {k: (m, lo, hi, n) for k, m, lo, hi, n in _at_lags(t, a, b, sorted({0, lag}))}
     if lag not in found:
         return (
-            f"{len(study.runs)} of {total} sweep runs; no {label(a)} and {label(b)} pair at lag {lag}",
+            head + f"no {label(a)} and {label(b)} pair at lag {lag}",
             "inconclusive",
         )
     parts = [
         f"at lag {k}{' (regime)' if k == lag else ''}: {_fmt(*v[:3])} (n={v[3]})" for k, v in found.items()
     ]
-    text = (f"{len(study.runs)} of {total} sweep runs; regime = lag {lag} (largest routing share of Var log-ratio, "
+    text = (head + f"regime = lag {lag} (largest routing share of Var log-ratio, "
             f"{share.loc[lag]:.3g}, where GSPO still gains over the cold start); {label(a)} − {label(b)} final "
             f"pass@1 " + "; ".join(parts))  # fmt: skip
     _, lo, hi, _ = found[lag]
@@ -276,7 +281,7 @@ def _instrument(study: Study):
     GRPO token / GSPO sequence clip decisions routing alone flips, routing volatility per step. A reading, not
     a claim: no verdict beyond "measured"."""
     t = lag_table(study)
-    head = f"{len(study.runs)} of {len(study.runs) + len(study.missing)} sweep runs; "
+    head = _runs_found(study)
     g = t[t.run == "grpo"].groupby("lag")[["share", "flip_token", "flip_seq", "vol"]].mean()
     if g.empty:
         return head + "none of GRPO without replay", "inconclusive"
@@ -314,7 +319,7 @@ def _correction_precision(study: Study):
             texts.append(f"{label(obj)}: {text} → {per[c]}")
         verdicts[obj] = per
         texts.append(f"{label(obj)}: {_changed(per['bf16_recompute'], per)}")
-    head = f"{len(study.runs)} of {len(study.runs) + len(study.missing)} sweep runs; "
+    head = _runs_found(study)
     return head + "; ".join(texts), verdicts["gspo"]["bf16_recompute"]
 
 
@@ -335,7 +340,7 @@ def _correction_replay(study: Study):
     )
     texts.append(f"k3 mismatch R2 {k3_r2:.3g}, R3 {k3_r3:.3g}")
     texts.append(_changed(per["bf16_recompute"], per))
-    head = f"{len(study.runs)} of {len(study.runs) + len(study.missing)} sweep runs; "
+    head = _runs_found(study)
     return head + "; ".join(texts), per["bf16_recompute"]
 
 
