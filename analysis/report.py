@@ -24,6 +24,8 @@ e.g. "about 100× more", only the sign is judged; the factor is shown, not teste
   "inconclusive" otherwise;
 - a claim measured in several ways is "not reproduced" if any measure is, "reproduces" (or "consistent")
   if all are, else "inconclusive".
+The precision claim (6) is measured on figure 6's runs: at the CPU scale figure 10's 20-step bf16 runs
+(experiments/figures.yaml), which are also claim 11's uncorrected pair.
 The sweep claim (figure 8) pools the cells where GRPO without replay moves at least `MOVING` (1%) of its
 activated experts per step: Δ = A − GRPO (no replay) paired by cell and seed, mean and t-interval over those
 pairs, verdict as above; "inconclusive" when no cell moves that much. It uses the sweep's runs that exist
@@ -182,7 +184,7 @@ def _precision(study: Study):
         difference(study, final_pass, a, b, "final pass@1", "no_harm", +1),
         difference(study, final_reward, a, b, "final reward", "no_harm", +1),
     ]
-    return "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
+    return _runs_found(study) + "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
 
 
 def _improves(study: Study):
@@ -356,7 +358,7 @@ CLAIMS = [
     Claim("Expert volatility: ~10% of activated experts change per update (§5.3)", f"~{PAPER_VOLATILITY} "
           "(48-layer Qwen3-30B-A3B, one update)", ("gspo", "grpo"), _volatility),
     Claim("GSPO tolerates precision mismatch: rollout log-probs need no recompute (§5.4)", "no loss "
-          "(no number reported)", ("gspo_bf16_rollout", "gspo_bf16_recompute"), _precision),
+          "(no number reported)", (), _precision, figure=6),
     Claim("Where routing moves, GRPO without replay falls behind GSPO and GRPO + R2 (Fig. 8, ours)",
           "§5.3: GRPO without replay fails on MoE; replay or GSPO fixes it", (), _sweep, figure=8),
     Claim("Where routing is most of the ratio (policy lag, Fig. 9, ours), GRPO without replay falls behind "
@@ -432,7 +434,7 @@ def render(
 
 def make_report(scale: str, seeds: list[int], overrides=(), figure: int | None = None) -> Path:
     """REPORT.md (every claim), or with `figure` REPORT-figure-N.md: only the claims measured on that figure's
-    sweep, from its runs alone (e.g. where the base runs of claims 1–7 are not in this store)."""
+    sweep, from its runs alone (e.g. where the base runs of claims 1–5 are not in this store)."""
     claims = CLAIMS if figure is None else [c for c in CLAIMS if c.figure == figure]
     if not claims:
         raise ConfigError(f"bad figure {figure!r}; allowed: one whose sweep a claim is measured on "
