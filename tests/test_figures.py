@@ -187,7 +187,7 @@ def test_make_reproduce_figure_1_path(study):
 def test_report_one_row_per_claim(study):
     root, overrides = study
     run_figure(1, "smoke", SEEDS, overrides)
-    run_figure(6, "smoke", SEEDS, overrides)  # claim 6 is measured on figure 6's runs (trained once if missing)
+    run_figure(6, "smoke", SEEDS, overrides)  # claim 6 is measured on figure 6's runs
     path = report.make_report("smoke", SEEDS, overrides)
     assert path == root / "smoke" / "REPORT.md"
     text = path.read_text()
