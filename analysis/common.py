@@ -245,8 +245,9 @@ class Panel:
 def _colors(study: Study) -> dict[str, tuple]:
     import seaborn as sns
 
-    names = study.names()
-    return dict(zip(names, sns.color_palette("colorblind", max(len(names), 3))))
+    names = study.names()  # the colorblind palette has 10 colours and then repeats them: more runs get tab20's
+    palette = "colorblind" if len(names) <= 10 else "tab20"
+    return dict(zip(names, sns.color_palette(palette, max(len(names), 3))))
 
 
 def _draw_curves(ax, rows: pd.DataFrame, colors) -> None:
@@ -295,6 +296,7 @@ def _draw_references(ax, rows: pd.DataFrame, colors) -> None:
                    label=f"{r.series} ≈ {r.mean:.3g}")  # fmt: skip
 
 
+MAX_BAR_LEGEND = 4  # a bar panel with more series than this shares one legend under the figure
 DRAW = {"bar": _draw_bars, "curve": _draw_curves, "point": _draw_points, "reference": _draw_references}
 
 
@@ -311,6 +313,7 @@ def draw(study: Study, figure: int, title: str, panels: list[Panel]):
     ncols = 2 if len(panels) == 4 else len(panels)  # four panels read better as a 2 × 2 grid
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows), squeeze=False)
+    shared = {}  # label → handle of bar panels with many series: one legend under the figure, not on the bars
     for ax, p in zip(axes.flat, panels):
         for kind, rows in p.rows.groupby("kind", sort=False):
             DRAW[kind](ax, rows, colors)
@@ -328,13 +331,21 @@ def draw(study: Study, figure: int, title: str, panels: list[Panel]):
                         fontsize=6, va="bottom", wrap=True)  # fmt: skip
         if p.logx:
             ax.set_xscale("log")
-        ax.legend(fontsize=7)
+        if set(p.rows["kind"]) == {"bar"} and p.rows.series.nunique() > MAX_BAR_LEGEND:
+            shared.update(zip(*reversed(ax.get_legend_handles_labels())))
+        else:
+            ax.legend(fontsize=7)
     seeds = sorted({r.seed for r in study.runs})
     per_seed = any(((p.rows["kind"] == "point") & (p.rows["n_seeds"] == 1)).any() for p in panels)
     how = f"mean over seeds, band/bars: {CONFIDENCE:.0%} t-interval"
     how += "; points without bars: one seed at one step" if per_seed else ""
     fig.suptitle(f"Figure {figure}: {title}\nscale {study.runs[0].cfg.scale}, seeds {seeds}; {how}")
-    fig.tight_layout()
+    if shared:
+        ncol = min(len(shared), 2 * ncols)
+        fig.legend(shared.values(), shared.keys(), loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+        fig.tight_layout(rect=(0, 0.035 * math.ceil(len(shared) / ncol), 1, 1))
+    else:
+        fig.tight_layout()
     rows = pd.concat([p.rows for p in panels], ignore_index=True)
     rows["figure"] = figure
     return fig, rows
