@@ -245,7 +245,8 @@ class Panel:
 def _colors(study: Study) -> dict[str, tuple]:
     import seaborn as sns
 
-    names = study.names()  # the colorblind palette has 10 colours and then repeats them: more runs get tab20's
+    names = study.names()
+    # the colorblind palette has 10 colours and then repeats them: more runs get tab20's
     palette = "colorblind" if len(names) <= 10 else "tab20"
     return dict(zip(names, sns.color_palette(palette, max(len(names), 3))))
 
