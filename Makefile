@@ -105,9 +105,10 @@ mlflow-ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --host 127.0.0.1 --port $(PORT) --workers $(MLFLOW_WORKERS)
 
 # The study's runs in one file (results/<scale>/study-runs.parquet: every run its figures and report use), and back
-# into the local store (or MLFLOW_TRACKING_URI), idempotently: then reproduce-figure-N only redraws
+# into the local store (or MLFLOW_TRACKING_URI), idempotently: then reproduce-figure-N only redraws.
+# FIGURES=1,3 exports those figures' runs only; PARTIAL=1 ships the finished runs of a partly trained study.
 export-study: install
-	$(PY) -m gspo_study export-study --scale $(SCALE) $(SEEDS_ARG) $(OVERRIDES)
+	$(PY) -m gspo_study export-study --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURES),--figures $(FIGURES)) $(if $(PARTIAL),--partial) $(OVERRIDES)
 
 import-study: install
 	$(PY) -m gspo_study import-study --scale $(SCALE) $(OVERRIDES)

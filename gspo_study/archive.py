@@ -107,9 +107,11 @@ def export_study(
     overrides: tuple[str, ...] = (),
     figures: list[int] | None = None,
     out: Path | None = None,
-) -> tuple[Path, int]:
-    """Write the scale's runs to `out` (default `archive_path`); every one must have finished. Returns (path,
-    number of runs)."""
+    partial: bool = False,
+) -> tuple[Path, int, list[str]]:
+    """Write the scale's runs to `out` (default `archive_path`); every one must have finished, or with `partial`
+    the finished ones are written (a partly trained sweep, shipped as such). Returns (path, number of runs
+    written, the runs left out)."""
     cache: dict = {}
     rows, missing = [], []
     for name, cfg in study_configs(scale, seeds, overrides, figures):
@@ -118,15 +120,15 @@ def export_study(
             missing.append(f"{name} seed {cfg.seed} {variant(cfg)}".strip())
             continue
         rows.append(_row(client, run))
-    if missing:
+    if missing and not partial:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ConfigError(
             f"export-study: {len(missing)} run(s) of scale {scale!r} not finished in {tracking_uri(cfg)}: {shown}; "
-            f"train them first (make reproduce-figure-N SCALE={scale})"
+            f"train them first (make reproduce-figure-N SCALE={scale}), or ship the finished ones (--partial)"
         )
     path = Path(out) if out else archive_path(scale, overrides)
     write_archive(rows, path)
-    return path, len(rows)
+    return path, len(rows), missing
 
 
 def write_archive(rows: list[dict], path: Path) -> None:

@@ -110,9 +110,10 @@ def _cmd_export_study(args) -> None:
 
     figures = [int(f) for f in args.figures.split(",")] if args.figures else None
     seeds = parse_seeds(args.seeds, args.scale)
-    path, n = export_study(args.scale, seeds, tuple(args.overrides), figures, args.out)
+    path, n, missing = export_study(args.scale, seeds, tuple(args.overrides), figures, args.out, args.partial)
     size = path.stat().st_size / 1e6
-    print(f"{path}: {n} finished runs of scale {args.scale} (seeds {seeds}), {size:.2f} MB")
+    left = f"; {len(missing)} not finished, left out (first: {missing[0]})" if missing else ""
+    print(f"{path}: {n} finished runs of scale {args.scale} (seeds {seeds}), {size:.2f} MB{left}")
 
 
 def _cmd_import_study(args) -> None:
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
     x.add_argument("--figures", help="e.g. 1,3 (default: every figure of experiments/figures.yaml)")
     x.add_argument("--out", help="file to write (default: results/<scale>/study-runs.parquet)")
+    x.add_argument("--partial", action="store_true", help="write the finished runs, leave out the others")
     x.add_argument("overrides", nargs="*", help="key.sub=value overrides (as for the sweep)")
     x.set_defaults(fn=_cmd_export_study)
     m = sub.add_parser("import-study", help="load an exported study into the MLflow store (idempotent)")

@@ -205,3 +205,19 @@ def test_interrupted_import_is_finished_and_bad_archives_are_one_line(shipped, t
         and "3 run(s) of scale 'smoke' not finished" in err[0]
         and "reproduce-figure-N" in err[0]
     )
+    part = tmp_path / "part.parquet"  # --partial: the finished runs (seed 1), the others named and left out
+    args = [
+        *export_args(trained)[:3],
+        "--seeds",
+        "1,2",
+        *export_args(trained)[5:],
+        "--partial",
+        "--out",
+        str(part),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "3 finished runs" in out[0] and "3 not finished, left out" in out[0], out
+    assert sorted(r["run_id"] for r in read_archive(part)) == sorted(
+        r["run_id"] for r in read_archive(archive)
+    )
