@@ -98,7 +98,7 @@ gpu-bundle: install
 gpu-check:
 	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash benchmarks/gpu_check.sh $(GPU_OUT)
 
-# the study experiments' runs table, charts and figure runs, as URLs in model-training mode; then the server
+# the study experiments' runs table, charts, held-out pass@1 charts and figure runs, as URLs in model-training mode; then the server
 MLFLOW_WORKERS ?= 2
 mlflow-ui: install
 	@$(PY) -m gspo_study mlflow-urls --uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --port $(PORT)

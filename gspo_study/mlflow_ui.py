@@ -7,10 +7,16 @@ it, but the suite sets it too (`tracking.TRAINING_EXPERIMENT`). Metric charts ar
 runs (`figure-N`, `report`, whose artifacts are the drawn figures) an `analysis_key` tag, so each page is
 given a saved filter (`searchFilter`) that shows one kind: the runs table and the charts show the training
 runs only, a third page the figure and report runs.
+
+The charts page lays out one chart per metric, sections in name order (`compute/`, `correction/`, `eval/`, …), so
+with the CPU study's ~100 metrics held-out pass@1 is below the first screen. A fourth page lands on it: MLflow's
+shared view (an experiment tag `mlflow.sharedViewState.<key>` holding a view's JSON, opened with
+`viewStateShareKey=<key>`) with the charts' search box set to `eval/pass_at_1`; clearing the box shows every chart.
 """
 
 from __future__ import annotations
 
+import json
 from urllib.parse import quote, urlencode
 
 from gspo_study.errors import ConfigError
@@ -19,17 +25,22 @@ from gspo_study.tracking import TRAINING_EXPERIMENT, _probe_http, _retry
 TRAINING_RUNS = "tags.run_key LIKE '%'"
 ANALYSIS_RUNS = "tags.analysis_key LIKE '%'"
 MODE = {"workflowType": "machine_learning"}
+PASS_AT_1_VIEW = "pass-at-1"  # the share key of the held-out pass@1 charts view
+PASS_AT_1_STATE = json.dumps({"searchFilter": TRAINING_RUNS, "chartsSearchFilter": "eval/pass_at_1"})
 
 
-def page(base: str, exp_id: str, search: str, charts: bool = False) -> str:
-    """The runs page of an experiment, filtered by `search`, in model-training mode (charts if asked)."""
-    query = {"searchFilter": search, **({"compareRunsMode": "CHART"} if charts else {}), **MODE}
+def page(base: str, exp_id: str, search: str, charts: bool = False, view: str | None = None) -> str:
+    """The runs page of an experiment, filtered by `search`, in model-training mode (charts if asked; the shared
+    view `view` if given, which then sets the filter)."""
+    chosen = {"viewStateShareKey": view} if view else {"searchFilter": search}
+    query = {**chosen, **({"compareRunsMode": "CHART"} if charts else {}), **MODE}
     return f"{base.rstrip('/')}/#/experiments/{exp_id}/runs?{urlencode(query, quote_via=quote)}"
 
 
 def study_pages(uri: str, base: str) -> list[dict[str, str]]:
     """For every experiment of the store at `uri` that holds training runs (a `run_key` tag): its name, id and
-    page URLs (runs, charts, figures). Each is also tagged as a training experiment if it is not yet."""
+    page URLs (runs, charts, pass@1 charts, figures). Each is also tagged as a training experiment, and given the
+    pass@1 shared view, if it is not yet."""
     from mlflow import MlflowClient
 
     try:
@@ -46,7 +57,8 @@ def study_pages(uri: str, base: str) -> list[dict[str, str]]:
     for exp in experiments:
         if not client.search_runs([exp.experiment_id], TRAINING_RUNS, max_results=1):
             continue
-        for key, value in TRAINING_EXPERIMENT.items():
+        views = {f"mlflow.sharedViewState.{PASS_AT_1_VIEW}": PASS_AT_1_STATE}
+        for key, value in {**TRAINING_EXPERIMENT, **views}.items():
             if exp.tags.get(key) != value:
                 _retry(client.set_experiment_tag, exp.experiment_id, key, value)
         out.append(
@@ -55,6 +67,7 @@ def study_pages(uri: str, base: str) -> list[dict[str, str]]:
                 "id": exp.experiment_id,
                 "runs": page(base, exp.experiment_id, TRAINING_RUNS),
                 "charts": page(base, exp.experiment_id, TRAINING_RUNS, charts=True),
+                "pass_at_1": page(base, exp.experiment_id, TRAINING_RUNS, charts=True, view=PASS_AT_1_VIEW),
                 "figures": page(base, exp.experiment_id, ANALYSIS_RUNS),
             }
         )
@@ -74,6 +87,7 @@ def describe(pages: list[dict[str, str]], uri: str) -> str:
             f"  {p['experiment']} (experiment {p['id']})",
             f"    runs table:          {p['runs']}",
             f"    metric charts:       {p['charts']}",
+            f"    held-out pass@1:     {p['pass_at_1']}",
             f"    figure/report runs:  {p['figures']}",
         ]
     return "\n".join(lines)

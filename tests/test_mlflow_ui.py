@@ -95,8 +95,10 @@ def test_make_mlflow_ui_prints_working_training_pages(ui):
     text, root, browser = ui
     exp_id = re.search(r"study-smoke \(experiment (\d+)\)", text)
     assert exp_id, text
-    runs, charts, figures = (printed(text, w) for w in ("runs table", "metric charts", "figure/report runs"))
-    for url in (runs, charts, figures):
+    runs, charts, passed, figures = (
+        printed(text, w) for w in ("runs table", "metric charts", "held-out pass@1", "figure/report runs")
+    )
+    for url in (runs, charts, passed, figures):
         assert f"/#/experiments/{exp_id[1]}/runs?" in url and url.endswith("workflowType=machine_learning")
     assert "compareRunsMode=CHART" in charts and "/chart?" not in charts
 
@@ -108,6 +110,13 @@ def test_make_mlflow_ui_prints_working_training_pages(ui):
     page = dom(browser, charts, root / "profile-charts", ("gspo-nr-s1", "js-plotly-plot", "eval/pass_at_1"))
     assert "gspo-nr-s1" in page and "js-plotly-plot" in page  # rendered metric charts
     assert "eval/pass_at_1" in page and "figure-1" not in page
+
+    # the shared view: the training runs' charts, searched down to held-out pass@1 (MLflow's charts lay out
+    # every metric in name order, so with many metrics pass@1 is below the first screen)
+    only = dom(browser, passed, root / "profile-pass", ("gspo-nr-s1", "js-plotly-plot", "shared view"))
+    assert "shared view" in only and 'value="eval/pass_at_1"' in only and "gspo-nr-s1" in only
+    assert "eval/pass_at_1" in only and "policy/loss" not in only and "figure-1" not in only
+    assert "Model registry" in only and "Judges" not in only
 
     drawn = dom(browser, figures, root / "profile-figures", ("figure-1",))
     assert "figure-1" in drawn and "gspo-nr-s1" not in drawn
