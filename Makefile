@@ -33,6 +33,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]' '$(TORCH_SPEC)'
+	@# DeepSpeed JIT-compiles its CPU shared-memory comm op when a CPU run first starts (~55 s on 2 cores, under
+	@# ~/.cache/torch_extensions): compiled here, once, rather than inside the first DeepSpeed run or test
+	-@DS_ACCELERATOR=cpu $(PY) -c "import importlib.util as u, sys; u.find_spec('deepspeed') or sys.exit(); \
+	  from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); \
+	  b and b.load(verbose=False)" > /dev/null
 	@rm -f $(VENV)/.install-stamp-*
 	@echo '$(TORCH_SPEC)' > $(VENV)/.torch-spec && echo '$(EXTRAS)' > $(VENV)/.extras
 	@touch $@

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -272,16 +273,34 @@ def _create_sqlite_store(db: Path, uri: str) -> None:
                 "restore it from a backup or run `mlflow db upgrade` on a copy"
             )
         db.unlink()
+    tmp = db.with_name(f"{db.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(_empty_store())
+    with (
+        contextlib.closing(sqlite3.connect(tmp)) as con,
+        con,
+    ):  # MLflow's Default experiment, as it would make it
+        con.execute(
+            "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+            (f"{artifact_location(uri)}/0",),
+        )
+    os.replace(tmp, db)
+
+
+@functools.cache
+def _empty_store() -> bytes:
+    """A new, empty MLflow sqlite store as bytes: MLflow's schema migrations run once per process (~2 s each;
+    a test process makes a hundred stores), and every later store is a copy with its Default experiment's
+    artifact location set."""
     import logging
 
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     for name in ("mlflow.store.db.utils", "alembic"):  # schema-creation chatter, as in `_client`
         logging.getLogger(name).setLevel(logging.WARNING)
-    tmp = db.with_name(f"{db.name}.tmp-{os.getpid()}")
-    store = SqlAlchemyStore(f"sqlite:///{tmp}", artifact_location(uri))
-    store.engine.dispose()
-    os.replace(tmp, db)
+    with tempfile.TemporaryDirectory() as scratch:
+        db = Path(scratch) / "mlflow.db"
+        SqlAlchemyStore(f"sqlite:///{db}", (Path(scratch) / "mlartifacts").as_uri()).engine.dispose()
+        return db.read_bytes()
 
 
 def _check_store(uri: str) -> None:

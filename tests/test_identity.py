@@ -33,7 +33,8 @@ def current_key(label: str) -> str:
 def test_every_pinned_run_keeps_its_key():
     golden = json.loads(GOLDEN.read_text())
     assert len(golden) > 500
-    moved = {label: (key, current_key(label)) for label, key in golden.items() if current_key(label) != key}
+    now = {label: current_key(label) for label in golden}
+    moved = {label: (key, now[label]) for label, key in golden.items() if now[label] != key}
     assert not moved, f"{len(moved)} runs changed identity, e.g. {next(iter(moved.items()))}"
 
 
