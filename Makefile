@@ -35,7 +35,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]' '$(TORCH_SPEC)'
 	@# DeepSpeed JIT-compiles its CPU shared-memory comm op when a CPU run first starts (~55 s on 2 cores, under
 	@# ~/.cache/torch_extensions): compiled here, once, rather than inside the first DeepSpeed run or test
-	-@DS_ACCELERATOR=cpu $(PY) -c "import importlib.util as u, sys; u.find_spec('deepspeed') or sys.exit(); \
+	-@DS_ACCELERATOR=cpu $(PY) -c "import importlib.util as u, sys, torch; torch.version.cuda and sys.exit(); \
+	  u.find_spec('deepspeed') or sys.exit(); \
 	  from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); \
 	  b and b.load(verbose=False)" > /dev/null
 	@rm -f $(VENV)/.install-stamp-*

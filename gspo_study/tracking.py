@@ -275,22 +275,20 @@ def _create_sqlite_store(db: Path, uri: str) -> None:
         db.unlink()
     tmp = db.with_name(f"{db.name}.tmp-{os.getpid()}")
     tmp.write_bytes(_empty_store())
-    with (
-        contextlib.closing(sqlite3.connect(tmp)) as con,
-        con,
-    ):  # MLflow's Default experiment, as it would make it
+    # the copy's Default experiment gets this store's artifact location, as MLflow sets it
+    with contextlib.closing(sqlite3.connect(tmp)) as con:
         con.execute(
             "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
             (f"{artifact_location(uri)}/0",),
         )
+        con.commit()
     os.replace(tmp, db)
 
 
 @functools.cache
 def _empty_store() -> bytes:
-    """A new, empty MLflow sqlite store as bytes: MLflow's schema migrations run once per process (~2 s each;
-    a test process makes a hundred stores), and every later store is a copy with its Default experiment's
-    artifact location set."""
+    """A new, empty MLflow sqlite store as bytes: MLflow's schema migrations (~2 s) run once per process, and
+    every store it creates is a copy (a pytest worker creates dozens)."""
     import logging
 
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
