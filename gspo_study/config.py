@@ -161,6 +161,14 @@ class TrackingConfig:
 
 
 @dataclass
+class TelemetryConfig:
+    """Diagnostics that never change a run's training numbers (not part of its identity)."""
+
+    route_rows: float = 1.0  # share of the rollout's responses (a seeded draw per step) that the routing
+    # telemetry's two extra forwards read (`moe/routing_volatility/*` after the step, `moe/route/*`); 1: all
+
+
+@dataclass
 class Config:
     scale: str = "cpu"  # smoke | cpu | paper (results go to results/<scale>/)
     seed: int = 1  # one seed drives prompts, sampling and init
@@ -177,6 +185,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     @property
     def out_dir(self) -> Path:
@@ -565,6 +574,8 @@ def _validate_optimisation(cfg: Config) -> None:
         f"bad value {cfg.sft.check_every} for 'sft.check_every'; allowed: an integer >= 1",
     )
     _require(t.grad_clip > 0, f"bad value {t.grad_clip} for 'train.grad_clip'; allowed: a number > 0")
+    rr = cfg.telemetry.route_rows
+    _require(0 < rr <= 1, f"bad value {rr} for 'telemetry.route_rows'; allowed: a number in (0, 1]")
     at_least = {  # key: smallest allowed value
         "eval.samples": 1, "eval.num_prompts": 1, "eval.batch_size": 1, "eval.every": 0, "sft.batch_size": 1,
         "sft.warmup_steps": 0, "train.warmup_steps": 0, "train.max_nonfinite_updates": 1,

@@ -39,6 +39,7 @@ NON_IDENTITY = (
     "train.checkpoint_every",
     "rollout.vllm_gpu_memory_utilization",
     "rollout.server.",  # where the vllm_server pool runs and how wide it is (gspo_study.config.ServerConfig)
+    "telemetry.",  # what the diagnostics read (gspo_study.config.TelemetryConfig): never a training number
 )
 # Knobs left out of `run_key` at these values, so that runs tracked before the knob counted keep their
 # identity (and are never re-trained): knobs added later, at their defaults, and `eval.batch_size`, at its

@@ -19,6 +19,7 @@ docs/METRICS.md.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import random
 import signal
@@ -115,7 +116,7 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
     )
     rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
     ctx.engine.sync(ctx.behaviour, **sync_hooks(ctx))
-    recorder = record_routing(ctx.engine.model) if replay_mode(cfg).records_rollout else None
+    recorder = record_routing(ctx.engine.model) if records_rollout_routing(ctx) else None
     if not cfg.rollout.sharded:  # one random stream for the batch; every rank generates all of it
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
         prompts = [p.prompt for p in rows]
@@ -134,6 +135,14 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
         row_seeds=[derive_seed(cfg.seed, step, f"rollout/{i}") for i in mine],
     )
     return rows, merge_batches(gather(local, ctx.world), ctx.tokenizer.pad_token_id)
+
+
+def records_rollout_routing(ctx: Context) -> bool:
+    """Whether the rollout engine records each token's experts: for R3 (which replays them), and wherever the
+    engine can do so at no cost to its tokens (the HF engine), for the train–inference routing telemetry."""
+    if replay_mode(ctx.cfg).records_rollout:
+        return True
+    return getattr(ctx.engine, "records_routing", False) and has_moe(ctx.engine.model)
 
 
 def chunks(n: int, size: int | None) -> list[torch.Tensor]:
@@ -213,18 +222,36 @@ def learning_rate(cfg: Config, step: int) -> float:
     return cfg.train.lr * (min(1.0, step / warm) if warm else 1.0)
 
 
+@dataclass
+class MinibatchResult:
+    metrics: dict[str, float]  # the objective's metrics over the whole minibatch (every rank's parts)
+    grad_norm: float
+    entropy_sum: float  # Σ over the minibatch's response tokens of the policy's entropy
+    tokens: float  # the minibatch's response tokens
+    rows: torch.Tensor  # this rank's rows of the minibatch
+    routing: RoutingTrace | None  # this rank's rows' natural routing in the update's forward, when asked
+
+
+def _routing_context(model, replay: RoutingTrace | None, micro, record: bool):
+    """The update forward's routing: replayed (R2/R3) or free, and recorded when `record` (under replay, what
+    the routers would have chosen given the replayed upstream activations)."""
+    if replay is not None:
+        return replay_routing(model, replay.select(micro), record_natural=record)
+    return record_routing(model) if record else nullcontext()
+
+
 def update_minibatch(
-    ctx: Context, batch, rows, adv, old_lp, replay, lr, weights=None
-) -> tuple[dict, float, float, float]:
+    ctx: Context, batch, rows, adv, old_lp, replay, lr, weights=None, record: bool = False
+) -> MinibatchResult:
     """One optimizer update on minibatch `rows` (`weights`: the rollout correction's per-token multipliers, or
-    None); returns (objective metrics, grad norm, entropy sum, tokens)."""
+    None; `record`: keep the forward's natural routing, for the per-update volatility)."""
     mask = batch.response_mask
     normalizer = ctx.objective.batch_normalizer(mask[rows])  # the whole minibatch's count, on every rank
     local = rows[ctx.rank :: ctx.world]
-    parts, ent_sum = [], 0.0
+    parts, ent_sum, traces = [], 0.0, []
     micros = local.split(ctx.cfg.train.micro_batch_size or len(local))
     for i, micro in enumerate(micros):
-        with replay_routing(ctx.model, replay.select(micro)) if replay is not None else nullcontext():
+        with _routing_context(ctx.model, replay, micro, record) as routed:
             lp, ent = token_logprobs(
                 ctx.backend.train_module,
                 batch.sequences[micro],
@@ -241,16 +268,32 @@ def update_minibatch(
                 weights=None if weights is None else weights[micro],
             )
             ctx.backend.backward(loss, last=i == len(micros) - 1)
+        if record:
+            traces.append(routed.natural if replay is not None else routed)
         parts.append(metrics)
         ent_sum += torch.where(mask[micro], ent, torch.zeros_like(ent)).sum().item()
     grad_norm = ctx.backend.step(lr)
     everyone = gather((parts, ent_sum), ctx.world)
     parts, ent_sum = [p for ps, _ in everyone for p in ps], sum(e for _, e in everyone)
-    return combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item()
+    routing = RoutingTrace.cat(traces) if traces else None
+    return MinibatchResult(
+        combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing
+    )
 
 
-def update(ctx: Context, batch, adv, old_lp, replay, step: int, weights=None) -> dict[str, float]:
-    """`num_minibatches` updates over a seeded permutation of the batch."""
+def per_update_volatility(natural_old: RoutingTrace, result: MinibatchResult, mask: torch.Tensor) -> dict:
+    """Routing volatility after exactly one optimizer update (the GSPO paper's unit): π_old's routing of the
+    second minibatch's rows against the routing of the second update's own forward, which runs on the policy
+    after the first update. Free: both traces come from passes the step makes anyway."""
+    vol = routing_volatility(natural_old.select(result.rows), result.routing, mask[result.rows])
+    return {f"moe/routing_volatility/per_update/{k}": vol[k] for k in ("overall", "tokens_any_changed")}
+
+
+def update(
+    ctx: Context, batch, adv, old_lp, replay, step: int, weights=None, natural_old: RoutingTrace | None = None
+) -> dict[str, float]:
+    """`num_minibatches` updates over a seeded permutation of the batch (with π_old's routing `natural_old`, the
+    second update's forward also measures the routing volatility after one update)."""
     cfg = ctx.cfg
     perm = torch.randperm(
         len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch"))
@@ -259,8 +302,12 @@ def update(ctx: Context, batch, adv, old_lp, replay, step: int, weights=None) ->
     ent_sum = ent_tokens = 0.0
     lr = learning_rate(cfg, step)
     for i, rows in enumerate(perm.chunk(cfg.train.num_minibatches)):
-        metrics, norm, e, n = update_minibatch(ctx, batch, rows, adv, old_lp, replay, lr, weights)
-        ent_sum, ent_tokens = ent_sum + e, ent_tokens + n
+        record = i == 1 and natural_old is not None
+        res = update_minibatch(ctx, batch, rows, adv, old_lp, replay, lr, weights, record=record)
+        metrics, norm = res.metrics, res.grad_norm
+        ent_sum, ent_tokens = ent_sum + res.entropy_sum, ent_tokens + res.tokens
+        if record:
+            out.update(per_update_volatility(natural_old, res, batch.response_mask))
         out[f"policy/clip_frac/token/mb_{i}"] = metrics["policy/clip_frac/token"]
         if weights is not None:  # fixed for the step: minibatch i's share of the masked tokens
             m = batch.response_mask[rows]
@@ -308,28 +355,52 @@ def telemetry(
     train_lp: torch.Tensor,
     baseline: tuple[torch.Tensor, RoutingTrace] | None,
     adv: torch.Tensor,
+    step: int = 0,
 ) -> dict[str, float]:
     """After the step's last update, on its rollout: routing volatility (updated policy vs π_old), the share of
-    the importance log-ratio that is routing (`moe/route/*`), and train–inference mismatch."""
+    the importance log-ratio that is routing (`moe/route/*`), both on `telemetry.route_rows` of the responses;
+    train–inference mismatch and, where the rollout engine recorded routing, train–inference routing
+    disagreement (π_old's free routing vs the engine's), both on the whole batch at no extra forward."""
     out = {}
     mask = batch.response_mask
     if natural_old is not None:
-        new_lp, natural_new = policy_pass(ctx, batch, None)
-        vol = routing_volatility(natural_old, natural_new, mask)
+        rows = telemetry_rows(ctx, len(batch), step)
+        sub = batch if rows is None else batch.select(rows)
+        pick = (
+            (lambda x: x)
+            if rows is None
+            else (lambda x: x.select(rows) if isinstance(x, RoutingTrace) else x[rows])
+        )
+        new_lp, natural_new = policy_pass(ctx, sub, None)
+        vol = routing_volatility(pick(natural_old), natural_new, sub.response_mask)
         out.update({f"moe/routing_volatility/{k}": v for k, v in vol.items()})
         old_lp, old_routing = baseline
-        new_lp_old_routing, _ = policy_pass(ctx, batch, old_routing)
+        new_lp_old_routing, _ = policy_pass(ctx, sub, pick(old_routing))
         share = routing_share(
-            old_logprobs=old_lp,
+            old_logprobs=pick(old_lp),
             new_logprobs=new_lp,
             new_logprobs_old_routing=new_lp_old_routing,
-            advantages=adv,
-            mask=mask,
+            advantages=pick(adv),
+            mask=sub.response_mask,
         )
         out.update({f"moe/route/{k}": v for k, v in share.items()})
+        if batch.routing is not None:
+            gap = routing_volatility(baseline[1], batch.routing, mask)
+            out.update({f"moe/train_infer_routing/{k}": v for k, v in gap.items()})
     mm = mismatch_metrics(train_lp, batch.rollout_logprobs, mask)
     out.update({f"mismatch/{k}": v for k, v in mm.items()})
     return out
+
+
+def telemetry_rows(ctx: Context, n: int, step: int) -> torch.Tensor | None:
+    """The responses the routing telemetry's two forwards read: all (None) at `telemetry.route_rows: 1`, else a
+    seeded draw of ⌈route_rows · n⌉ of them, the same for every algorithm of a seed (keyed by seed and step)."""
+    share = ctx.cfg.telemetry.route_rows
+    if share >= 1.0:
+        return None
+    k = max(1, math.ceil(share * n))
+    gen = torch.Generator().manual_seed(derive_seed(ctx.cfg.seed, step, "telemetry"))
+    return torch.randperm(n, generator=gen)[:k].sort().values
 
 
 def rollout_metrics(cfg: Config, rewards: torch.Tensor, batch: RolloutBatch) -> dict[str, float]:
@@ -376,10 +447,10 @@ def rl_step(ctx: Context, step: int) -> dict[str, float]:
     metrics["rollout/reward_errors"] = float(reward_errors)
     weights, correction = rollout_correction(ctx.cfg, train_lp, batch)
     metrics.update(correction)
-    metrics.update(update(ctx, batch, adv, old_lp, replay, step, weights))
+    metrics.update(update(ctx, batch, adv, old_lp, replay, step, weights, natural_old))
     # telemetry (below, and the π_old pass when only telemetry uses it) is diagnostics, not training compute
     seconds = time.time() - start - telemetry_s
-    metrics.update(telemetry(ctx, batch, natural_old, train_lp, baseline, adv))
+    metrics.update(telemetry(ctx, batch, natural_old, train_lp, baseline, adv, step))
     metrics.update(compute_metrics(ctx, batch, seconds))
     ctx.samples_text = [
         f"[{r:.0f}] {p.prompt}{t!r}" for p, t, r in zip(rows[:16], batch.response_texts, rewards.tolist())

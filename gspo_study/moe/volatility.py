@@ -111,6 +111,10 @@ def _clipped(log_ratio: torch.Tensor, advantages: torch.Tensor, clip: tuple[floa
     )
 
 
+# |ℓ^route| quantiles the instrument logs (besides its mean and max)
+ROUTE_QUANTILES = (0.5, 0.9, 0.99)
+
+
 @torch.no_grad()
 def routing_share(
     *,
@@ -124,11 +128,13 @@ def routing_share(
 
     ℓ_t = log π_θ(y_t; own routing) − log π_old(y_t; own routing) splits into a policy part
     ℓ^pol_t = log π_θ(y_t; π_old's routing) − log π_old(y_t) and a routing part
-    ℓ^route_t = log π_θ(y_t; own routing) − log π_θ(y_t; π_old's routing). All tensors [B, T] over the same
-    positions (advantages [B]); reductions over valid tokens (`mask`), or responses with at least one.
-    Returns |ℓ^route| mean / max, Var ℓ^route, Var ℓ and the share Var ℓ^route / Var ℓ, the mean over responses
-    of |mean_t ℓ^route| (what GSPO's sequence ratio sees), and the share of tokens (GRPO's clip range) and of
-    responses (GSPO's s_i and clip range) whose clip decision differs between ℓ and ℓ^pol.
+    ℓ^route_t = log π_θ(y_t; own routing) − log π_θ(y_t; π_old's routing), so that
+    Var ℓ = Var ℓ^pol + Var ℓ^route + 2 Cov(ℓ^pol, ℓ^route) exactly; R2 would leave ℓ^pol, removing the share
+    1 − Var ℓ^pol / Var ℓ of Var ℓ (negative when routing anti-correlates with the policy part). The same split
+    for GSPO's log s_i = m_i(ℓ) (the mean over response i's tokens). All tensors [B, T] over the same positions
+    (advantages [B]); reductions over valid tokens (`mask`), or responses with at least one. Clip flips: tokens
+    (GRPO's range) and responses (GSPO's s_i and range) whose clip decision differs between ℓ and ℓ^pol, over
+    all of them and over those with a nonzero advantage (the only ones a clip can act on).
     """
     valid = mask.bool()
     zero = torch.zeros((), dtype=torch.float64, device=valid.device)
@@ -145,17 +151,55 @@ def routing_share(
     flips_tok = valid & (_clipped(total, tok_adv, GRPO_CLIP) != _clipped(policy, tok_adv, GRPO_CLIP))
     seq_total, seq_policy, seq_route = (x.sum(-1) / lengths for x in (total, policy, route))
     flips_seq = seqs & (_clipped(seq_total, adv, GSPO_CLIP) != _clipped(seq_policy, adv, GSPO_CLIP))
-    var_route, var_total = _masked_var(route, valid), _masked_var(total, valid)
-    return {
+    active_tok, active_seq = valid & (tok_adv != 0), seqs & (adv != 0)
+    out = {
         "abs_mean": _share(float(route.abs().sum()), n_tok),
         "abs_max": float(route.abs().max()) if n_tok else 0.0,
-        "var": var_route,
-        "total_var": var_total,
-        "var_share": var_route / var_total if var_total > 0 else 0.0,
+        **_abs_quantiles(route[valid]),
+        **_split("", total, policy, route, valid),
         "seq_abs_mean": _share(float(torch.where(seqs, seq_route.abs(), zero).sum()), int(seqs.sum())),
+        **_split("seq_", seq_total, seq_policy, seq_route, seqs),
         "clip_flip_token": _share(int(flips_tok.sum()), n_tok),
         "clip_flip_seq": _share(int(flips_seq.sum()), int(seqs.sum())),
+        "clip_flip_token_active": _share(int((flips_tok & active_tok).sum()), int(active_tok.sum())),
+        "clip_flip_seq_active": _share(int((flips_seq & active_seq).sum()), int(active_seq.sum())),
     }
+    out["seq_abs_over_clip"] = out["seq_abs_mean"] / GSPO_CLIP[1]  # routing's part of log s_i / ε_high
+    return out
+
+
+def _abs_quantiles(values: torch.Tensor) -> dict[str, float]:
+    """|x| quantiles (linear interpolation, as numpy's default); 0 for no values."""
+    if values.numel() == 0:
+        return {f"abs_p{round(q * 100)}": 0.0 for q in ROUTE_QUANTILES}
+    qs = torch.quantile(values.abs(), torch.tensor(ROUTE_QUANTILES, dtype=values.dtype, device=values.device))
+    return {f"abs_p{round(q * 100)}": float(v) for q, v in zip(ROUTE_QUANTILES, qs)}
+
+
+def _split(prefix: str, total, policy, route, valid) -> dict[str, float]:
+    """Var ℓ = Var ℓ^pol + Var ℓ^route + 2 Cov: every term, routing's own share Var ℓ^route / Var ℓ, and the share
+    R2 removes, 1 − Var ℓ^pol / Var ℓ (both 0 when Var ℓ = 0)."""
+    var_total, var_pol, var_route = (_masked_var(x, valid) for x in (total, policy, route))
+    cov = _masked_cov(policy, route, valid)
+    ok = var_total > 0
+    return {
+        f"{prefix}var": var_route,
+        f"{prefix}total_var": var_total,
+        f"{prefix}pol_var": var_pol,
+        f"{prefix}cov": cov,
+        f"{prefix}var_share": var_route / var_total if ok else 0.0,
+        f"{prefix}r2_removed_share": 1.0 - var_pol / var_total if ok else 0.0,
+    }
+
+
+def _masked_cov(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> float:
+    """Population covariance over the valid entries, two-pass (0 for none)."""
+    n = int(valid.sum())
+    if n == 0:
+        return 0.0
+    mx = torch.where(valid, x, 0.0).sum() / n
+    my = torch.where(valid, y, 0.0).sum() / n
+    return float(torch.where(valid, (x - mx) * (y - my), 0.0).sum() / n)
 
 
 def _masked_var(values: torch.Tensor, valid: torch.Tensor) -> float:

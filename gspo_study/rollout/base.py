@@ -50,6 +50,20 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.sequences.shape[0]
 
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The batch of `rows` (a 1-D index tensor), same layout (telemetry on a subset of the responses)."""
+        idx = rows.tolist()
+        return RolloutBatch(
+            sequences=self.sequences[rows],
+            attention_mask=self.attention_mask[rows],
+            response_mask=self.response_mask[rows],
+            rollout_logprobs=self.rollout_logprobs[rows],
+            response_texts=[self.response_texts[i] for i in idx],
+            truncated=self.truncated[rows],
+            prompt_len=self.prompt_len,
+            routing=None if self.routing is None else self.routing.select(rows),
+        )
+
 
 def merge_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     """One batch of the rows of `batches`, in order, re-laid out on the widest prompt and the longest

@@ -22,6 +22,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class HFEngine:
+    records_routing = True  # a routing recorder changes none of its tokens (hooks only read the routers)
+
     def __init__(self, model, tokenizer, dtype: str | None = None):
         """`dtype` None: the model's own (no copy; what evaluation uses, also for a bf16 or ZeRO-3 model)."""
         self.tokenizer = tokenizer
