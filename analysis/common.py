@@ -45,6 +45,7 @@ LABELS = {
     "gspo_bf16_recompute": "GSPO, bf16 rollout, recomputed π_old",
     "grpo_r2_bf16_rollout": "GRPO + R2, bf16 rollout log-probs",
     "grpo_r2_bf16_recompute": "GRPO + R2, bf16 rollout, recomputed π_old",
+    "grpo_bf16_recompute": "GRPO (no replay), bf16 rollout, recomputed π_old",
     **{
         f"{run}_bf16_{c}": f"{name}, bf16 rollout, {what}"
         for run, name in (("gspo", "GSPO"), ("grpo_r2", "GRPO + R2"))

@@ -251,6 +251,24 @@ def figure_10(s: Study) -> list[Panel]:
 
 FIGURES[10] = figure_10
 
+LONG = {  # figure 11's panels: what the papers watch before a collapse (shared/COLLAPSE.md), per arm over training
+    "a": (REWARD, "(a) training reward", "mean reward"),
+    "b": (PASS1, "(b) held-out pass@1", "mean pass@1"),
+    "c": ("mismatch/k3", "(c) train–inference k3 KL", "k3"),
+    "d": ("train/grad_norm", "(d) gradient norm", "global L2 norm"),
+    "e": (f"{ROUTE}/r2_removed_share", "(e) share of Var log-ratio R2 would remove", "1 − Var ℓ^pol / Var ℓ"),
+    "f": ("moe/train_infer_routing/tokens_any_changed", "(f) tokens routed differently by the rollout engine",
+          "share of tokens (≥ 1 layer)"),
+}  # fmt: skip
+
+
+def figure_11(s: Study) -> list[Panel]:
+    """The long horizon under a train–inference mismatch (issue 32 §2): per arm, mean and interval over seeds."""
+    return [Panel(curves(s, metric, panel), title, ylabel) for panel, (metric, title, ylabel) in LONG.items()]
+
+
+FIGURES[11] = figure_11
+
 
 def _cat(*frames):
     return pd.concat([f for f in frames if not f.empty], ignore_index=True)

@@ -1,0 +1,61 @@
+"""The collapse rule (analysis/collapse.py) on curves built to trip it and curves built not to."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.collapse import PASS_MARGIN, collapse, pass_collapse, reward_collapse, smooth
+
+
+def noisy(values, seed=0, sd=0.02):
+    return np.asarray(values, dtype=float) + np.random.default_rng(seed).normal(0, sd, len(values))
+
+
+def test_smooth_is_a_trailing_mean():
+    assert smooth([1, 2, 3, 4], window=2).tolist() == [1.0, 1.5, 2.5, 3.5]
+
+
+def test_reward_crash_after_learning_collapses_at_the_crash():
+    steps = np.arange(1, 301)
+    curve = np.where(steps <= 200, 0.4 + 0.3 * steps / 200, 0.1)  # learns to 0.7, crashes at 201 and stays
+    step = reward_collapse(steps, noisy(curve))
+    assert step is not None and 201 <= step <= 201 + 10  # within the smoothing window of the crash
+
+
+def test_a_dip_that_recovers_or_a_plateau_or_no_learning_is_not_a_collapse():
+    steps = np.arange(1, 301)
+    dip = 0.4 + 0.3 * np.minimum(steps, 150) / 150
+    dip[160:190] -= 0.3  # loses all its gain for 30 steps, then recovers
+    assert reward_collapse(steps, noisy(dip)) is None
+    assert reward_collapse(steps, noisy(np.full(300, 0.5), sd=0.05)) is None  # noise on a plateau
+    decline = 0.5 - 0.3 * steps / 300  # never gained: a failure to learn, not a collapse by this rule
+    assert reward_collapse(steps, noisy(decline, sd=0.005)) is None
+
+
+def test_losing_less_than_half_the_gain_is_not_a_collapse():
+    steps = np.arange(1, 301)
+    curve = np.where(steps <= 150, 0.4 + 0.2 * steps / 150, 0.52)  # keeps 60 % of its 0.2 gain
+    assert reward_collapse(steps, noisy(curve, sd=0.005)) is None
+    curve = np.where(steps <= 150, 0.4 + 0.2 * steps / 150, 0.48)  # keeps 40 %: collapsed
+    assert reward_collapse(steps, noisy(curve, sd=0.005)) is not None
+
+
+def test_pass_at_1_ending_below_the_cold_start():
+    steps = [0, 50, 100, 150, 200, 250, 300]
+    assert pass_collapse(steps, [0.5, 0.55, 0.6, 0.3, 0.35, 0.2, 0.1]) == 150  # below from 150 to the end
+    assert (
+        pass_collapse(steps, [0.5, 0.55, 0.3, 0.6, 0.35, 0.2, 0.1]) == 200
+    )  # the final stretch below counts
+    assert pass_collapse(steps, [0.5, 0.3, 0.3, 0.3, 0.3, 0.3, 0.52]) is None  # recovered by the end
+    assert pass_collapse(steps, [0.5] + [0.5 - PASS_MARGIN / 2] * 6) is None  # within the margin: noise
+    assert pass_collapse([0], [0.5]) is None
+
+
+def test_the_earlier_rule_wins():
+    steps = np.arange(1, 301)
+    reward = noisy(np.where(steps <= 100, 0.4 + 0.3 * steps / 100, 0.1))
+    c = collapse(steps, reward, [0, 100, 200, 300], [0.5, 0.6, 0.2, 0.1])
+    assert c.collapsed and c.rule == "reward" and 101 <= c.step <= 111
+    c = collapse(steps, noisy(np.full(300, 0.5)), [0, 100, 200, 300], [0.5, 0.6, 0.2, 0.1])
+    assert (c.step, c.rule) == (200, "pass@1")
+    assert not collapse(steps, noisy(np.full(300, 0.5)), [0, 300], [0.5, 0.55]).collapsed
