@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from gspo_study.config import ConfigError, load_config
@@ -245,8 +246,24 @@ def _error(text: str) -> None:
     sys.stderr.flush()
 
 
+def _one_line_warnings() -> None:
+    """The suite's own warnings (a harmless setting the run ignores) as one `warning: …` line on stderr."""
+    from gspo_study.config import InertSettingWarning
+
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, InertSettingWarning):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _one_line_warnings()
     try:
         args.fn(args)
     except USER_ERRORS as exc:

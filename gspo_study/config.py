@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
@@ -62,6 +64,8 @@ class SFTConfig:
     check_every: int = 10  # steps between target_pass1 checks
     output: str = "coldstart"  # checkpoint name under <results>/<scale>/checkpoints/ (+ `-L16` etc. for
     # preset overrides; see `coldstart_name`)
+    per_seed: bool = False  # each RL seed starts from its own cold start, trained with that seed (`-s<seed>`;
+    # seed 1's is the shared one), so seeds replicate the cold start's variance too; False: all share seed 1's
 
 
 @dataclass
@@ -407,12 +411,20 @@ def _normalise(cfg: Config) -> None:
 
 
 def coldstart_name(cfg: Config) -> str:
-    """The cold-start checkpoint's name under <results>/<scale>/checkpoints/: `sft.output`, suffixed by the
-    preset overrides (`coldstart-L16` for a 16-layer model), so each architecture gets its own cold start."""
+    """The cold-start checkpoint's name under <results>/<scale>/checkpoints/: `sft.output`, suffixed by the model
+    it fine-tunes — a local `model.path` by its directory name and a hash of its resolved path, the preset
+    overrides (`coldstart-L16` for a 16-layer model) — and, with `sft.per_seed`, by the seed (`-s2`), so each
+    model (and seed) gets its own cold start and a run never starts from another model's."""
     tags = {"num_hidden_layers": "L", "num_experts": "E", "num_experts_per_tok": "K"}
     suffix = "".join(
         f"-{tag}{getattr(cfg.model, key)}" for key, tag in tags.items() if getattr(cfg.model, key)
     )
+    if cfg.model.path is not None:
+        path = Path(cfg.model.path).expanduser().resolve()
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+        suffix = f"-{re.sub(r'[^A-Za-z0-9_.-]', '_', path.name)[:60]}-{digest}{suffix}"
+    if cfg.sft.per_seed and cfg.seed != 1:  # seed 1's is the shared cold start, which SFT trains with seed 1
+        suffix += f"-s{cfg.seed}"
     return cfg.sft.output + suffix
 
 
@@ -428,12 +440,13 @@ def coldstart_overrides(cfg: Config) -> tuple[str, ...]:
     with its value (the preset's own when the run does not override it). Stated in full because the cold-start
     recipe sits on the scale's base, which may override the preset itself (the CPU base is 16 layers deep on
     the 8-layer preset): an 8-layer cell must not get the base's 16-layer cold start."""
+    seed = ("sft.per_seed=true", f"seed={cfg.seed}") if cfg.sft.per_seed else ()
     if cfg.model.path is not None:
-        return ()
+        return (f"model.path={cfg.model.path}", *seed)
     from gspo_study.models import PRESETS
 
     preset = PRESETS[cfg.model.preset]
-    return tuple(f"model.{key}={getattr(cfg.model, key) or preset[key]}" for key in PRESET_OVERRIDES)
+    return (*(f"model.{key}={getattr(cfg.model, key) or preset[key]}" for key in PRESET_OVERRIDES), *seed)
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -546,6 +559,7 @@ def validate(cfg: Config) -> None:
         f"bad value {cfg.results_dir!r} for 'results_dir'; allowed: a directory (or a path to create one at)",
     )
     _validate_optimisation(cfg)
+    _refuse_inert(cfg)
     _validate_ranges_and_paths(cfg)
 
 
@@ -588,6 +602,60 @@ def _validate_optimisation(cfg: Config) -> None:
         cfg.threads is None or cfg.threads >= 1,
         f"bad value {cfg.threads} for 'threads'; allowed: null (torch's default) or an integer >= 1",
     )
+
+
+_CAPPED = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# Fields that take part in a run only at some settings: (key prefix, does it take part?, the setting it needs).
+# Set away from its default where it takes no part, a field is refused: a run must never record a setting it
+# ignores (`_refuse_inert`; the table test in tests/test_inert.py sets each one where it is inert).
+INERT: list[tuple] = [  # a fourth element "warn": a one-line warning instead (harmless, and pinned configs set it)
+    ("task.path", lambda c: c.task.name == "math_file", "task.name=math_file"),
+    ("task.eval_path", lambda c: c.task.name == "math_file", "task.name=math_file"),
+    ("task.num_eval", lambda c: c.task.name == "math_file" and c.task.eval_path is None,
+     "task.name=math_file without task.eval_path", "warn"),  # harmless: experiments/paper/base.yaml sets it
+    ("task.prompt_template", lambda c: c.task.name == "math_file", "task.name=math_file"),
+    # task.num_terms / task.digits are not listed: every scale's base sets the arith task's shape, and a run that
+    # switches to math_file by an override would otherwise have to reset them
+    ("rollout.server.", lambda c: c.rollout.engine == "vllm_server", "rollout.engine=vllm_server"),
+    ("rollout.vllm_gpu_memory_utilization", lambda c: c.rollout.engine == "vllm", "rollout.engine=vllm"),
+    ("algo.icepop_low", lambda c: c.algo.rollout_correction == "icepop", "algo.rollout_correction=icepop"),
+    ("algo.icepop_high", lambda c: c.algo.rollout_correction == "icepop", "algo.rollout_correction=icepop"),
+    ("algo.rollout_correction_cap", lambda c: c.algo.rollout_correction in _CAPPED,
+     f"algo.rollout_correction in {', '.join(_CAPPED)}"),
+    ("algo.rollout_correction_geo_cap", lambda c: c.algo.rollout_correction == "geometric_mask",
+     "algo.rollout_correction=geometric_mask"),
+    ("train.zero_stage", lambda c: c.train.backend == "deepspeed", "train.backend=deepspeed"),
+    ("sft.check_every", lambda c: c.sft.target_pass1 is not None, "sft.target_pass1 set"),
+    # model.preset is not listed: `model.path` overrides it by definition (ModelConfig), and every scale's base
+    # names one; the preset overrides are checked against a local checkpoint's shape when it loads (check_shape)
+]  # fmt: skip
+
+
+def _refuse_inert(cfg: Config) -> None:
+    """A field set away from its default where it takes no part in the run is a one-line error (`INERT`)."""
+    default = _default_flat()
+    flat = to_flat_dict(cfg)
+    for prefix, active, needs, *severity in INERT:
+        if active(cfg):
+            continue
+        for key in (k for k in flat if k == prefix or (prefix.endswith(".") and k.startswith(prefix))):
+            if flat[key] == default.get(key):
+                continue
+            message = (f"{key}={flat[key]!r} takes no part in this run (only with {needs}); allowed: its default "
+                       f"({default.get(key)!r}), or {needs}")  # fmt: skip
+            if severity:
+                warnings.warn(message, InertSettingWarning, stacklevel=2)
+            else:
+                raise ConfigError(message)
+
+
+class InertSettingWarning(UserWarning):
+    """A harmless setting that takes no part in the run (`INERT` entries marked "warn")."""
+
+
+@functools.lru_cache(maxsize=1)
+def _default_flat() -> dict[str, Any]:
+    return to_flat_dict(Config())
 
 
 # A file or directory name the suite creates: no separators, not hidden, not '.' or '..', and short enough for

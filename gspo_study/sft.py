@@ -97,8 +97,9 @@ def ensure_trained(cfg: Config) -> Path:
 
 def _preflight(cfg: Config) -> None:
     """Before minutes of training: the checkpoint can be written, and the task has SFT targets."""
-    from gspo_study.train.checkpointing import MIN_FREE_BYTES, probe_directory
+    from gspo_study.train.checkpointing import MIN_FREE_BYTES, probe_directory, require_model_path
 
+    require_model_path(cfg)
     probe_directory(checkpoint_dir(cfg).parent, MIN_FREE_BYTES, "results_dir", cfg.results_dir)
     task = get_task(cfg.task)
     if any(task.sft_target(p) is None for p in task.sample_train(1, random.Random(cfg.seed))):
@@ -113,6 +114,11 @@ def _train(cfg: Config) -> Path:
         from gspo_study.train.checkpointing import check_shape
 
         check_shape(cfg, model, Path(cfg.model.path))
+    from gspo_study.train.memory import check_positions, check_step_fits, longest_prompt
+
+    prompt_tokens = longest_prompt(task, tokenizer, 1)
+    check_positions(cfg, model, prompt_tokens)
+    check_step_fits(cfg, model, prompt_tokens, sft=True)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.sft.warmup_steps, cfg.sft.steps))
     rng, log, start = random.Random(cfg.seed), [], time.time()

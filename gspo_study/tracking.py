@@ -48,7 +48,8 @@ NON_IDENTITY = (
 LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10,
                "rollout.sharded": False, "eval.batch_size": 256, "rollout.policy_lag": 0,
                "algo.hparams": {}, "algo.rollout_correction": "none", "algo.rollout_correction_cap": 3.0,
-               "algo.rollout_correction_geo_cap": 1.01, "algo.icepop_low": 0.5, "algo.icepop_high": 2.0}  # fmt: skip
+               "algo.rollout_correction_geo_cap": 1.01, "algo.icepop_low": 0.5, "algo.icepop_high": 2.0,
+               "sft.per_seed": False}  # fmt: skip
 # Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
 # grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
 # on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).
@@ -96,6 +97,8 @@ def tracking_uri(cfg: Config) -> str:
 def identity(cfg: Config) -> dict[str, Any]:
     """Everything in the config that changes a run's numbers, flat."""
     flat = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NON_IDENTITY)}
+    if cfg.seed == 1:  # seed 1's own cold start is the shared one (trained with seed 1): the same checkpoint
+        flat["sft.per_seed"] = LATER_KNOBS["sft.per_seed"]
     flat = {k: v for k, v in flat.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
     return {k: SAME_NUMBERS[k].get(v, v) if k in SAME_NUMBERS else v for k, v in flat.items()}
 

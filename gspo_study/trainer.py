@@ -57,6 +57,7 @@ from gspo_study.train.checkpointing import (
     RunState,
     init_checkpoint,
     load_run_checkpoint,
+    require_model_path,
     require_start,
     run_dir,
     run_lock,
@@ -66,6 +67,7 @@ from gspo_study.train.checkpointing import (
 from gspo_study.train.dist import gather, init_distributed
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.lag import SNAPSHOTS, PolicyLag
+from gspo_study.train.memory import check_positions, check_step_fits, longest_prompt
 from gspo_study.train.torch_backend import TorchBackend
 
 
@@ -484,6 +486,9 @@ def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None
     task = get_task(cfg.task)
     task.eval_problems(cfg.eval.num_prompts)  # a task with fewer held-out problems fails here, not at step 0
     model, tokenizer, state, optim_state = load_run_checkpoint(cfg, mlflow_run_id, logged_upto)
+    prompt_tokens = longest_prompt(task, tokenizer, cfg.eval.num_prompts)
+    check_positions(cfg, model, prompt_tokens)  # prompt + response within the model's positions
+    check_step_fits(cfg, model, prompt_tokens)  # before the run is tracked: a step that cannot fit is refused
     if cfg.algo.routing_replay != "none" and not has_moe(model):
         raise ConfigError(
             f"algo.routing_replay={cfg.algo.routing_replay!r} needs a model with MoE layers; this model has "
@@ -559,6 +564,7 @@ def train(cfg: Config) -> dict[str, float]:
 
 def _train(cfg: Config) -> dict[str, float]:
     settle_interrupted_save(cfg)
+    require_model_path(cfg)
     start = init_checkpoint(cfg)
     if not (run_dir(cfg) / "checkpoint").exists():
         require_start(cfg)  # before the store is opened: a missing cold start writes nothing

@@ -128,6 +128,18 @@ TABLE = [
     ("sft", [SMOKE, "model.num_experts=0"], "for 'model.num_experts'"),
     ("sft", [SMOKE, *MATH], "has no SFT targets (its records need a 'solution' field)"),
     ("sft", [SMOKE, "results_dir=READONLY"], "cannot write in"),
+    # issue 36: the model a run names, settings it ignores, sizes against the machine, prompt + response positions
+    ("train", [SMOKE, "model.path=/nonexistent/model"], "for 'model.path': no such directory"),
+    ("sft", [SMOKE, "model.path=/nonexistent/model"], "for 'model.path': no such directory"),
+    ("train", [SMOKE, "task.path=DATA"], "takes no part in this run (only with task.name=math_file)"),
+    ("train", [SMOKE, "algo.icepop_low=0.4"], "algo.icepop_low=0.4 takes no part in this run"),
+    ("train", [SMOKE, "rollout.server.tensor_parallel_size=2"], "only with rollout.engine=vllm_server"),
+    ("train", [SMOKE, "train.zero_stage=3"], "only with train.backend=deepspeed"),
+    ("train", [SMOKE, "telemetry.route_rows=0"], "for 'telemetry.route_rows'; allowed: a number in (0, 1]"),
+    ("train", [SMOKE, "rollout.group_size=100000000"], "GiB available; allowed: a smaller batch"),
+    ("train", [SMOKE, "eval.batch_size=100000000"], "its eval phase"),
+    ("sft", [SMOKE, "sft.batch_size=100000000"], "an SFT step needs"),
+    ("train", [SMOKE, "rollout.max_new_tokens=252"], "with the task's longest prompt (5 tokens) a sequence needs 257"),
 ]
 # fmt: on
 

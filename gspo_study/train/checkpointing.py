@@ -174,6 +174,16 @@ def init_checkpoint(cfg: Config) -> Path:
     )
 
 
+def require_model_path(cfg: Config) -> None:
+    """A `model.path` that is not a directory is a one-line error before anything is tracked or trained."""
+    path = cfg.model.path
+    if path is not None and not Path(path).expanduser().is_dir():
+        raise ConfigError(
+            f"bad value {path!r} for 'model.path': no such directory; allowed: a local Hugging Face Qwen3-MoE "
+            "checkpoint directory, or null (the preset, model.preset)"
+        )
+
+
 def require_start(cfg: Config) -> Path:
     """The run's initial checkpoint; a one-line error naming the command that makes it when it is missing."""
     start = init_checkpoint(cfg)
