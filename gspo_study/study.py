@@ -111,7 +111,8 @@ def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     from gspo_study.sft import ensure_trained
 
     cfg = load_config(EXPERIMENTS / scale / "coldstart.yaml", list(overrides))
-    own = EXPERIMENTS / scale / f"{coldstart_name(cfg)}.yaml"  # an architecture's own recipe, if it has one
+    shared = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, per_seed=False))  # a seed's: the same recipe
+    own = EXPERIMENTS / scale / f"{coldstart_name(shared)}.yaml"  # an architecture's own recipe, if it has one
     if own.is_file():
         cfg = load_config(own, list(overrides))
     if cfg.init_checkpoint:
