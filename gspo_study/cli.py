@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from gspo_study.config import ConfigError, load_config
-from gspo_study.errors import NonFiniteError, SweepInterrupted
+from gspo_study.errors import NonFiniteError, SweepInterrupted, Terminated
 from gspo_study.models.checkpoint import CheckpointError
 from gspo_study.tasks import TaskDataError
 
@@ -275,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     except SweepInterrupted as exc:
         _error(f"error: {exc}")
         return 1
+    except Terminated as exc:
+        _error(f"stopped: {exc}")
+        return 143  # 128 + SIGTERM, what a scheduler expects of a process it terminated
     except KeyboardInterrupt:
         _error("interrupted")
         return 130

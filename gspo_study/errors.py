@@ -11,3 +11,8 @@ class NonFiniteError(RuntimeError):
 
 class SweepInterrupted(RuntimeError):
     """A sweep's worker process died; what was done is kept and a rerun resumes (exit status 1)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler's notice before SIGKILL): the run stopped at its next safe point, checkpointed and
+    marked KILLED; a rerun resumes (exit status 143). A BaseException, so no `except Exception` swallows it."""

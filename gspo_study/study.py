@@ -11,12 +11,14 @@ trained with experiments/<scale>/coldstart.yaml or, if it exists, experiments/<s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import multiprocessing
 import os
 import pickle
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -31,7 +33,7 @@ from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this
     coldstart_overrides,
     load_config,
 )
-from gspo_study.errors import SweepInterrupted
+from gspo_study.errors import SweepInterrupted, Terminated
 from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this module's interface)
 
 DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "paper": [1]}
@@ -111,8 +113,12 @@ def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     from gspo_study.sft import ensure_trained
 
     cfg = load_config(EXPERIMENTS / scale / "coldstart.yaml", list(overrides))
-    shared = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, per_seed=False))  # a seed's: the same recipe
-    own = EXPERIMENTS / scale / f"{coldstart_name(shared)}.yaml"  # an architecture's own recipe, if it has one
+    shared = dataclasses.replace(
+        cfg, sft=dataclasses.replace(cfg.sft, per_seed=False)
+    )  # a seed's: the same recipe
+    own = (
+        EXPERIMENTS / scale / f"{coldstart_name(shared)}.yaml"
+    )  # an architecture's own recipe, if it has one
     if own.is_file():
         cfg = load_config(own, list(overrides))
     if cfg.init_checkpoint:
@@ -167,12 +173,10 @@ def run_figure(
             for i, (_, cfg) in enumerate(configs)
         }
         try:
-            for n, future in enumerate(as_completed(futures), 1):
-                seconds, trained = future.result()
-                what = f"done in {seconds / 60:.1f} min" if trained else "already finished"
-                print(
-                    f"== figure {figure} [{n}/{len(configs)}] {labels[futures[future]]}: {what}", flush=True
-                )
+            with _forward_sigterm(pool, futures):
+                done = _collect(figure, futures, labels, len(configs))
+            if done is not None:
+                raise done
         except BrokenProcessPool:
             raise SweepInterrupted(
                 f"figure {figure}: a worker process died (killed, or out of memory); the runs finished so far are "
@@ -185,6 +189,46 @@ def run_figure(
     return [cfg for _, cfg in configs]
 
 
+@contextlib.contextmanager
+def _forward_sigterm(pool: ProcessPoolExecutor, futures: dict):
+    """SIGTERM to the sweep: the runs not started are cancelled and each running worker gets SIGTERM, so it stops
+    at its next safe point, checkpointed and marked KILLED (gspo_study.trainer.stop_on_sigterm)."""
+
+    def handler(signum, frame):
+        for future in futures:
+            future.cancel()
+        for proc in list(getattr(pool, "_processes", {}).values()):  # the executor's live workers
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _collect(figure, futures: dict, labels: list[str], total: int) -> BaseException | None:
+    """Wait for every run; a worker stopped by SIGTERM (or cancelled by it) ends the sweep as Terminated once all
+    the others have stopped."""
+    stopped = None
+    for n, future in enumerate(as_completed(futures), 1):
+        if future.cancelled():
+            stopped = stopped or Terminated(
+                f"SIGTERM: figure {figure}'s sweep stopped; rerun the same command"
+            )
+            continue
+        try:
+            seconds, trained = future.result()
+        except Terminated as exc:
+            stopped = Terminated(f"SIGTERM: figure {figure}'s sweep stopped, its running runs checkpointed and "
+                                 f"marked KILLED ({exc}); rerun the same command to resume")  # fmt: skip
+            continue
+        what = f"done in {seconds / 60:.1f} min" if trained else "already finished"
+        print(f"== figure {figure} [{n}/{total}] {labels[futures[future]]}: {what}", flush=True)
+    return stopped
+
+
 def code_digest() -> str:
     """sha256 of the package's Python sources (relative paths and contents), as the running interpreter finds them."""
     package = Path(__file__).resolve().parent
@@ -192,6 +236,10 @@ def code_digest() -> str:
     for path in sorted(package.rglob("*.py")):
         h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def _terminated_before_the_run(signum, frame):
+    raise Terminated("SIGTERM before the run started; nothing to checkpoint")
 
 
 def _train_quietly(code: str, pickled: bytes) -> tuple[float, bool]:
@@ -203,6 +251,7 @@ def _train_quietly(code: str, pickled: bytes) -> tuple[float, bool]:
             f"the code under {Path(__file__).resolve().parent} changed since this sweep started; the runs finished "
             "so far are kept: rerun the same command (or run long sweeps from a frozen copy, `git worktree add`)"
         )
+    signal.signal(signal.SIGTERM, _terminated_before_the_run)  # the run's own handler takes over in `train`
     cfg: Config = pickle.loads(pickled)
     os.environ["TQDM_DISABLE"] = "1"
     from gspo_study.trainer import train

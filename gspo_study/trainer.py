@@ -23,16 +23,17 @@ import math
 import os
 import random
 import signal
+import threading
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from gspo_study.config import Config, ConfigError, objective_hparams
-from gspo_study.errors import NonFiniteError
+from gspo_study.errors import NonFiniteError, Terminated
 from gspo_study.evaluate import evaluate, score
 from gspo_study.models.checkpoint import fingerprint
 from gspo_study.models.presets import active_params
@@ -551,6 +552,38 @@ def _fault_injection(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+SIGTERM_GRACE_S = 2.0  # a second SIGTERM within this many seconds of the first is the same notice
+
+
+@contextmanager
+def stop_on_sigterm():
+    """While inside, SIGTERM asks the loop to stop at its next safe point (the end of the current step); a second
+    SIGTERM stops at once. Yields a function telling whether a stop was asked. Outside the main thread: never."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    asked: list[float] = []
+
+    def handler(signum, frame):
+        # a second notice stops at once; one within GRACE_S of the first is the same notice arriving twice (a
+        # scheduler signalling the process group while the sweep forwards it to its workers)
+        if asked and time.time() - asked[0] > SIGTERM_GRACE_S:
+            raise Terminated("a second SIGTERM: stopped at once; the run resumes from its last checkpoint")
+        asked.append(time.time())
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield lambda: bool(asked)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_asked(ctx: Context, asked) -> bool:
+    """Whether any rank got SIGTERM (every rank must stop at the same step: the checkpoint is collective)."""
+    mine = asked()
+    return any(gather(mine, ctx.world)) if ctx.world > 1 else mine
+
+
 def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
@@ -558,11 +591,11 @@ def _due(step: int, every: int, last: int) -> bool:
 def train(cfg: Config) -> dict[str, float]:
     """Run (or resume, or skip if finished) the run this config describes; returns the last metrics. One
     process at a time per run (`run_lock`)."""
-    with run_lock(cfg):
-        return _train(cfg)
+    with run_lock(cfg), stop_on_sigterm() as asked:
+        return _train(cfg, asked)
 
 
-def _train(cfg: Config) -> dict[str, float]:
+def _train(cfg: Config, asked=lambda: False) -> dict[str, float]:
     settle_interrupted_save(cfg)
     require_model_path(cfg)
     start = init_checkpoint(cfg)
@@ -598,15 +631,23 @@ def _train(cfg: Config) -> dict[str, float]:
             ctx.state.step = step
             if _due(step, cfg.tracking.log_samples_every, cfg.train.steps):
                 tracker.log_text("\n".join(ctx.samples_text), f"samples/step_{step:05d}.txt")
-            if _due(step, cfg.train.checkpoint_every, cfg.train.steps):
+            saved = _due(step, cfg.train.checkpoint_every, cfg.train.steps)
+            if saved:
                 save_run_checkpoint(ctx)
             _fault_injection(step)
+            if step < cfg.train.steps and _stop_asked(ctx, asked):  # a safe point: the step is logged
+                if not saved:
+                    save_run_checkpoint(ctx)
+                raise Terminated(
+                    f"SIGTERM: {run_dir(cfg).name} stopped after step {step} of {cfg.train.steps}, checkpointed, "
+                    "marked KILLED; rerun the same command to resume"
+                )
             bar.set_postfix(
                 reward=f"{metrics['rollout/reward/mean']:.3f}",
                 clip=f"{metrics['policy/clip_frac/token']:.4f}",
             )
     except BaseException as exc:
-        tracker.set_status("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        tracker.set_status("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
         raise
     finally:
         ctx.engine.close()  # a vllm_server pool the run started stops with it
