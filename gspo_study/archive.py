@@ -143,10 +143,13 @@ def write_archive(rows: list[dict], path: Path) -> None:
     rows.sort(key=lambda r: (r["experiment"], r["run_name"], dict(r["tags"]).get("run_key", "")))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(
-        pa.Table.from_pylist(rows, schema=_schema()), tmp, compression="zstd", compression_level=19
-    )
-    tmp.replace(path)
+    try:
+        pq.write_table(
+            pa.Table.from_pylist(rows, schema=_schema()), tmp, compression="zstd", compression_level=19
+        )
+        tmp.replace(path)
+    finally:  # a write that failed part-way (disk full) leaves neither a partial file nor the old one damaged
+        tmp.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------ import

@@ -7,6 +7,7 @@ message on stderr and exit status 2 — no traceback, nothing half-written.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 import warnings
@@ -246,6 +247,31 @@ def _error(text: str) -> None:
     sys.stderr.flush()
 
 
+# A write that fails part-way: disk full, file too large (RLIMIT_FSIZE), quota, read-only filesystem, I/O error.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}
+
+
+STORE_FULL = ("database or disk is full", "disk I/O error")  # sqlite's words, through MLflow and SQLAlchemy
+FILE_FULL = (
+    "No space left on device",
+    "File too large",
+    "Disk quota exceeded",
+)  # e.g. safetensors' own errors
+
+
+def _write_failure(exc: BaseException) -> str | None:
+    """ "store" or "file" when `exc` (or what caused it) is a write that failed for want of space, else None."""
+    seen = 0
+    while exc is not None and seen < 10:
+        text = str(exc)
+        if any(m in text for m in STORE_FULL):
+            return "store"
+        if any(m in text for m in FILE_FULL) or (isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS):
+            return "file"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
 def _one_line_warnings() -> None:
     """The suite's own warnings (a harmless setting the run ignores) as one `warning: …` line on stderr."""
     from gspo_study.config import InertSettingWarning
@@ -275,6 +301,29 @@ def main(argv: list[str] | None = None) -> int:
     except SweepInterrupted as exc:
         _error(f"error: {exc}")
         return 1
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        _error(
+            f"error: a write failed ({exc.strerror}: {exc.filename or 'a file'}); what was written before it is "
+            "intact (checkpoints and cold starts are replaced atomically): free space and rerun the same command"
+        )
+        return 4
+    except Exception as exc:  # noqa: BLE001 - a full disk under MLflow / SQLAlchemy or a library's writer
+        kind = _write_failure(exc)
+        if kind is None:
+            raise
+        if kind == "store":
+            _error(
+                "error: the MLflow store could not be written (database or disk is full); its committed runs and "
+                "steps are intact (sqlite transactions): free space and rerun the same command"
+            )
+        else:
+            _error(
+                f"error: a write failed ({str(exc).splitlines()[0][:200]}); what was written before it is intact "
+                "(checkpoints and cold starts are replaced atomically): free space and rerun the same command"
+            )
+        return 4
     except Terminated as exc:
         _error(f"stopped: {exc}")
         return 143  # 128 + SIGTERM, what a scheduler expects of a process it terminated

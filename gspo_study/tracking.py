@@ -196,8 +196,10 @@ def _client(uri: str):
     import mlflow
     from mlflow import MlflowClient
 
-    for name in ("mlflow.store.db.utils", "alembic"):  # schema-creation chatter on every new store
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # schema-creation chatter on every new store
+    # the store logs every database error with its traceback before raising it; the exception still reaches the
+    # caller (the CLI says a full disk in one line, and shows a traceback for anything unexpected)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
     mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
