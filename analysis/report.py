@@ -41,6 +41,11 @@ GRPO + R2 with each ("diff", R3 ahead); each row's verdict is the uncorrected pa
 correction, if any, gives another verdict. The per-correction verdicts are not corrected for multiple
 comparisons (four pairs per row): at n = 3 one interval in eight excluding 0 is what chance alone gives.
 `--figure 10` writes them to REPORT-figure-10.md.
+The long-horizon claims (figure 11: 300-step runs under the HF engine's bf16 copy, each seed from its own cold
+start) count collapsed runs per arm by the rule of analysis/collapse.py ("k of n", with the step and the
+instrument's readings over the 25 steps before it), and judge claims 4 and 2 on final pass@1 paired by seed,
+printing the interval's half-width against the 0.05 the comparison is sized for and, where it is wider, the seeds
+the measured SD would need. `--figure 11` writes them to REPORT-figure-11.md.
 The REPORT.md is also logged as an artifact of a run named `report` (tags `report=<scale>`, `seeds`).
 """
 
@@ -57,9 +62,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.common import PASS1, REWARD, Study, label, load, log_outputs, mean_ci  # noqa: E402
+from analysis.common import CONFIDENCE, PASS1, REWARD, Study, label, load, log_outputs, mean_ci  # noqa: E402
 from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, lag_table, sweep_table  # noqa: E402
 from gspo_study.archive import draw_notice  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
@@ -346,6 +352,102 @@ def _correction_replay(study: Study):
     return head + "; ".join(texts), per["bf16_recompute"]
 
 
+# ------------------------------------------------------------------------------------- figure 11: the long horizon
+LONG_ARMS = {"grpo": "grpo_bf16_recompute", "grpo_r2": "grpo_r2_bf16_recompute", "grpo_r3": "grpo_r3_bf16",
+             "gspo": "gspo_bf16_recompute"}  # fmt: skip
+TARGET_HALF_WIDTH = 0.05  # the gap in final pass@1 the long-horizon comparison is sized to see (issue 32 §3)
+BEFORE = 25  # steps of the instrument's readings before a collapse (or the run's last steps without one)
+READINGS = {"k3": "mismatch/k3", "F(2)": "mismatch/f_tau_2", "routing gap": "moe/train_infer_routing/tokens_any_changed",
+            "R2 share": "moe/route/r2_removed_share", "grad norm": "train/grad_norm"}  # fmt: skip
+
+
+def seeds_needed(sd: float, half_width: float = TARGET_HALF_WIDTH) -> int | None:
+    """The fewest seeds whose 95 % t half-width t_{n−1} · sd / √n is at most `half_width` (None: sd unknown)."""
+    from scipy import stats
+
+    if not math.isfinite(sd):
+        return None
+    n = 2
+    while stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1) * sd / math.sqrt(n) > half_width and n < 10_000:
+        n += 1
+    return n
+
+
+def _powered(d: pd.Series) -> str:
+    """Δ's half-width against TARGET_HALF_WIDTH, and the seeds the measured SD says it would take."""
+    mean, lo, hi, n = mean_ci(d)
+    if math.isnan(lo):
+        return f"half-width unknown (n={n})"
+    half = (hi - lo) / 2
+    if half <= TARGET_HALF_WIDTH:
+        return f"half-width {half:.3f} ≤ {TARGET_HALF_WIDTH}"
+    need = seeds_needed(float(d.std(ddof=1)))
+    return f"half-width {half:.3f} > {TARGET_HALF_WIDTH}: underpowered; SD {d.std(ddof=1):.3f} needs {need} seeds"
+
+
+def _long_claim(study: Study, a: str, b: str, sign: int):
+    """A − B final pass@1 paired by seed on figure 11's runs, with the interval's half-width and the seeds it
+    would take to reach TARGET_HALF_WIDTH; verdict as every difference row."""
+    ra, rb = LONG_ARMS[a], LONG_ARMS[b]
+    d = (final_pass(study, ra) - final_pass(study, rb)).dropna()
+    text, v = difference(study, final_pass, ra, rb, "final pass@1", "diff", sign)
+    return _runs_found(study) + f"{text}; {_powered(d)}", v
+
+
+def _long_replay(study: Study):
+    """Claim 4 at the long horizon under a bf16 rollout engine (figure 11)."""
+    return _long_claim(study, "grpo", "grpo_r2", -1)
+
+
+def _long_efficiency(study: Study):
+    """Claim 2 at the long horizon under a bf16 rollout engine (figure 11)."""
+    return _long_claim(study, "gspo", "grpo_r2", +1)
+
+
+def _readings(study: Study, run: str, seed: int, upto: int) -> dict[str, float]:
+    """The instrument's means over the BEFORE steps up to step `upto` of one run."""
+    out = {}
+    for name, metric in READINGS.items():
+        f = study.values(metric, run)
+        f = f[(f.seed == seed) & (f.step <= upto) & (f.step > upto - BEFORE)]
+        out[name] = float(f.value.mean()) if len(f) else math.nan
+    return out
+
+
+def _collapse(study: Study):
+    """Runs that collapsed per arm (analysis/collapse.py's rule), at which step, and the instrument's readings over
+    the BEFORE steps before it (over each arm's last BEFORE steps when none did). Verdict: "reproduces" when GRPO
+    without replay collapses in at least half its runs and GRPO + R2 in none, "not reproduced" when no GRPO
+    without replay run collapses, else "inconclusive"."""
+    from analysis.collapse import collapse
+
+    texts, counts = [], {}
+    for arm, run in LONG_ARMS.items():
+        found = []
+        for r in (r for r in study.runs if r.run == run):
+            rw, p1 = (study.values(m, run) for m in (REWARD, PASS1))
+            rw, p1 = rw[rw.seed == r.seed].sort_values("step"), p1[p1.seed == r.seed].sort_values("step")
+            c = collapse(rw.step.to_numpy(), rw.value.to_numpy(), p1.step.to_numpy(), p1.value.to_numpy())
+            last = int(rw.step.max()) if len(rw) else 0
+            found.append((r.seed, c, _readings(study, run, r.seed, c.step if c.collapsed else last), last))
+        if not found:
+            continue
+        down = [(seed, c) for seed, c, _, _ in found if c.collapsed]
+        counts[arm] = (len(down), len(found))
+        mean = {k: np.nanmean([x[2][k] for x in found]) for k in READINGS}
+        when = ", ".join(f"seed {seed} at step {c.step} ({c.rule})" for seed, c in down)
+        horizon = max(x[3] for x in found)
+        readings = ", ".join(f"{k} {v:.3g}" for k, v in mean.items())
+        texts.append(f"{label(run)}: {len(down)} of {len(found)} collapsed" + (f" ({when})" if when else "") +
+                     f" in {horizon} steps; {'before it' if down else f'last {BEFORE} steps'}: {readings}")  # fmt: skip
+    if "grpo" not in counts:
+        return _runs_found(study) + "none of GRPO without replay", "inconclusive"
+    k, n = counts["grpo"]
+    k2 = counts.get("grpo_r2", (0, 0))[0]
+    v = "reproduces" if 2 * k >= n and k2 == 0 and k > 0 else "not reproduced" if k == 0 else "inconclusive"
+    return _runs_found(study) + "; ".join(texts), v
+
+
 CLAIMS = [
     Claim("RL improves on the cold start (precondition for the claims below)", "steady gains with "
           "training compute (Fig. 1)", ("gspo",), _improves),
@@ -373,6 +475,13 @@ CLAIMS = [
           "default", (), _correction_precision, figure=10),
     Claim("R3 ahead of R2 under a bf16 rollout engine, with and without a correction on R2 (Fig. 10, ours)",
           "R3 paper (arXiv 2510.11370): R3 fixes the mismatch R2 leaves", (), _correction_replay, figure=10),
+    Claim("GRPO without replay collapses over ≥ 300 steps under a bf16 rollout engine, GRPO + R2 does not (Fig. 11, "
+          "ours; collapse rule: analysis/collapse.py)", "R3 paper: 3 of 3 GRPO baselines collapsed (k3 ≈ 1.5e-3); "
+          "IcePop, Miles, VeXact: after ≈ 150–320 steps", (), _collapse, figure=11),
+    Claim("GRPO without Routing Replay falls behind GRPO + R2 at the long horizon (claim 4, Fig. 11)",
+          "lower reward and scores than GRPO + R2 (Fig. 3)", (), _long_replay, figure=11),
+    Claim("GSPO trains more efficiently than GRPO + R2 at the long horizon (claim 2, Fig. 11)",
+          "higher reward and scores (Fig. 1)", (), _long_efficiency, figure=11),
 ]  # fmt: skip
 
 

@@ -37,6 +37,17 @@ EXPECTED = {
     5: {(k, f"policy/ratio/{m}") for k in ("curve", "point") for m in ("token_var", "seq_var")},
     6: {("curve", m) for m in (REWARD, PASS1, "mismatch/k3", "mismatch/f_tau_2")},
     7: {("curve", m) for m in (REWARD, PASS1, "mismatch/k3")},
+    11: {
+        ("curve", m)
+        for m in (
+            REWARD,
+            PASS1,
+            "mismatch/k3",
+            "train/grad_norm",
+            "moe/route/r2_removed_share",
+            "moe/train_infer_routing/tokens_any_changed",
+        )
+    },  # fmt: skip
 }
 
 
@@ -423,3 +434,24 @@ def test_figure_10_corrections(study):
     for row in table:
         assert f"{len(pairs)} of {len(pairs)} sweep runs" in row
         assert ("no correction changes it" in row) or ("changed by " in row)
+
+
+def test_long_horizon_report_rows(study):
+    """Figure 11's report rows from its smoke runs (trained by the figure test above, or here): the collapse count
+    per arm and claims 4 and 2 with their half-widths; the seeds-needed formula against its definition."""
+    from scipy import stats
+
+    from analysis import report
+
+    root, overrides = study
+    run_figure(11, "smoke", SEEDS, overrides)
+    path = report.make_report("smoke", SEEDS, overrides, figure=11)
+    rows = [line for line in path.read_text().splitlines() if line.startswith("| 1")]
+    assert [r.split(" | ")[0] for r in rows] == ["| 13", "| 14", "| 15"]
+    assert "GRPO (no replay), bf16 rollout, recomputed π_old: " in rows[0] and " of 2 collapsed" in rows[0]
+    assert "half-width" in rows[1] and "(n=2)" in rows[1]
+    for sd in (0.01, 0.05, 0.1):
+        n = report.seeds_needed(sd)
+        assert (
+            stats.t.ppf(0.975, n - 1) * sd / n**0.5 <= 0.05 < stats.t.ppf(0.975, n - 2) * sd / (n - 1) ** 0.5
+        )
