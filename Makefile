@@ -91,6 +91,7 @@ bench: install
 	$(PY) benchmarks/bench_rl.py --threads 2 --out results/bench.json
 	$(PY) -m gspo_study sft experiments/cpu/coldstart.yaml model.num_hidden_layers=4 sft.steps=0 sft.output=bench-L4 > /dev/null
 	$(PY) benchmarks/bench_memory.py --checkpoint results/cpu/checkpoints/bench-L4 --out results/bench_memory.json
+	$(PY) benchmarks/bench_telemetry.py --checkpoint results/cpu/checkpoints/bench-L4 --out results/bench_telemetry.json
 	$(MAKE) --no-print-directory vllm-env && $(VLLM_PY) benchmarks/bench_vllm.py --threads 1 --out results/bench_vllm.json
 
 # The prepared GPU check (benchmarks/gpu_check.py; <= 8 min on one CUDA GPU, results.json + summary.txt in GPU_OUT):

@@ -1,0 +1,117 @@
+"""What the routing telemetry costs, and what its row subsample (`telemetry.route_rows`) costs in accuracy.
+
+    .venv/bin/python benchmarks/bench_telemetry.py --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
+
+GRPO without replay on the CPU base's batch (32 prompts x 8 responses, 4 minibatches) with the 4-layer model and
+the bf16 rollout engine (figure 11's runs). Each step is timed whole with the telemetry at every row
+(`telemetry` is the trainer's function: its two extra forwards of the updated policy); after the step, on the same
+batch and weights, the telemetry is run again at each subsample share for DRAWS seeded row draws. Reported: the
+telemetry's share of a step (at every row, and at each share: its time over the step's training time plus it),
+and per reading the estimator's standard error — the SD over draws — and its bias against the whole batch's value,
+averaged over steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARES = (0.25, 0.5)
+DRAWS = 8
+READINGS = ("moe/routing_volatility/overall", "moe/route/var_share", "moe/route/r2_removed_share",
+            "moe/route/seq_r2_removed_share", "moe/route/clip_flip_token", "moe/route/abs_mean")  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", type=Path, default=ROOT / "results/cpu/checkpoints/coldstart-L4")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    if not (args.checkpoint / "config.json").is_file():
+        print(
+            f"error: no 4-layer cold start at {args.checkpoint} (benchmarks/bench_memory.py says how)",
+            file=sys.stderr,
+        )
+        return 2
+    os.environ["TQDM_DISABLE"] = "1"
+    from gspo_study import trainer
+    from gspo_study.config import load_config
+
+    tmp = tempfile.mkdtemp()
+    cfg = load_config([ROOT / "experiments/cpu/base.yaml", ROOT / "experiments/runs/grpo_bf16_recompute.yaml"],
+                      [f"init_checkpoint={args.checkpoint}", "model.num_hidden_layers=4", f"results_dir={tmp}",
+                       f"tracking.uri=sqlite:///{tmp}/m.db", f"threads={args.threads}"])  # fmt: skip
+    ctx = trainer.setup(cfg)
+    original = trainer.telemetry
+    seen: dict = {}
+
+    def wrapped(*a, **k):
+        start = time.perf_counter()
+        out = original(*a, **k)
+        seen.update(seconds=time.perf_counter() - start, args=a, out=out)
+        return out
+
+    trainer.telemetry = wrapped
+    steps = []
+    for step in range(1, args.steps + 2):
+        start = time.perf_counter()
+        trainer.rl_step(ctx, step)
+        total = time.perf_counter() - start
+        if step == 1:  # warm-up
+            continue
+        full, row = seen["out"], {"step_s": total, "telemetry_s": seen["seconds"], "shares": {}}
+        for share in SHARES:
+            ctx.cfg.telemetry.route_rows = share
+            times, values = [], {k: [] for k in READINGS}
+            for d in range(DRAWS):
+                a = list(seen["args"])
+                t0 = time.perf_counter()
+                out = original(*a[:6], 10_000 * step + d)  # another seeded row draw per d
+                times.append(time.perf_counter() - t0)
+                for k in READINGS:
+                    values[k].append(out[k])
+            ctx.cfg.telemetry.route_rows = 1.0
+            row["shares"][share] = {
+                "telemetry_s": statistics.median(times),
+                "se": {k: statistics.stdev(v) for k, v in values.items()},
+                "bias": {k: statistics.mean(v) - full[k] for k, v in values.items()},
+                "full": {k: full[k] for k in READINGS},
+            }
+        steps.append(row)
+    train_s = [s["step_s"] - s["telemetry_s"] for s in steps]
+    summary = {
+        "telemetry_share_of_step": {"1.0": statistics.median(s["telemetry_s"] / s["step_s"] for s in steps)}
+    }
+    for share in SHARES:
+        summary["telemetry_share_of_step"][str(share)] = statistics.median(
+            s["shares"][share]["telemetry_s"] / (t + s["shares"][share]["telemetry_s"])
+            for s, t in zip(steps, train_s)
+        )
+        summary[f"se_at_{share}"] = {
+            k: statistics.mean(s["shares"][share]["se"][k] for s in steps) for k in READINGS
+        }
+        summary[f"bias_at_{share}"] = {
+            k: statistics.mean(s["shares"][share]["bias"][k] for s in steps) for k in READINGS
+        }
+    summary["full_value_mean"] = {
+        k: statistics.mean(s["shares"][SHARES[0]]["full"][k] for s in steps) for k in READINGS
+    }
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "threads": args.threads,
+                                        "summary": summary, "steps": steps}, indent=1) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
