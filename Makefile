@@ -89,9 +89,10 @@ bench: install
 	$(PY) -c "import trl" 2>/dev/null || $(PY) -m pip install -q -e '.[$(EXTRAS),bench]' '$(TORCH_SPEC)'
 	$(PY) benchmarks/bench_replay.py --threads 1 --out results/bench_replay.json
 	$(PY) benchmarks/bench_rl.py --threads 2 --out results/bench.json
-	$(PY) -m gspo_study sft experiments/cpu/coldstart.yaml model.num_hidden_layers=4 sft.steps=0 sft.output=bench-L4 > /dev/null
-	$(PY) benchmarks/bench_memory.py --checkpoint results/cpu/checkpoints/bench-L4 --out results/bench_memory.json
-	$(PY) benchmarks/bench_telemetry.py --checkpoint results/cpu/checkpoints/bench-L4 --out results/bench_telemetry.json
+	@# the 4-layer CPU cold start (figure 11's; ~4 min the first time), for the memory and telemetry benchmarks
+	$(PY) -m gspo_study eval --scale cpu --samples 1 --num-prompts 1 model.num_hidden_layers=4 > /dev/null
+	$(PY) benchmarks/bench_memory.py --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_memory.json
+	$(PY) benchmarks/bench_telemetry.py --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
 	$(MAKE) --no-print-directory vllm-env && $(VLLM_PY) benchmarks/bench_vllm.py --threads 1 --out results/bench_vllm.json
 
 # The prepared GPU check (benchmarks/gpu_check.py; <= 8 min on one CUDA GPU, results.json + summary.txt in GPU_OUT):
