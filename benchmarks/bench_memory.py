@@ -50,6 +50,15 @@ def one(overrides: list[str]) -> dict:
             "relative_error": estimated / measured - 1}  # fmt: skip
 
 
+def table(results: dict) -> str:
+    """The markdown table docs/RELIABILITY.md shows (tests/test_docs_numbers.py checks it against the JSON)."""
+    lines = ["| overrides (4-layer CPU cold start) | measured | estimated | error |", "|---|---|---|---|"]
+    for c in results["cases"]:
+        lines.append(f"| `{' '.join(c['overrides'])}` | {c['measured_step_mib']:.0f} MiB | "
+                     f"{c['estimated_step_mib']:.0f} MiB | {c['relative_error']:+.0%} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", type=Path, default=ROOT / "results/cpu/checkpoints/coldstart-L4")
