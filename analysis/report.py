@@ -515,6 +515,20 @@ def rows(study: Study, sweeps: dict[int, Study], claims=None) -> list[tuple[str,
     return out
 
 
+def _shown_uri(uri: str) -> str:
+    """A sqlite store under the repository (or the working directory) named relative to it, not by this machine's
+    absolute path; any other URI as it is."""
+    if not uri.startswith("sqlite:///"):
+        return uri
+    path = Path(uri.removeprefix("sqlite:///"))
+    for root in (Path(__file__).resolve().parents[1], Path.cwd().resolve()):
+        try:
+            return f"sqlite:///{path.resolve().relative_to(root)}"
+        except ValueError:
+            continue
+    return uri
+
+
 def render(
     study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int], figure: int | None = None
 ) -> str:
@@ -530,7 +544,7 @@ def render(
         f"- seeds: {', '.join(map(str, seeds))}",
         f"- git commit(s) of the runs: {', '.join(commits)}; report drawn at {_commit()}",
         f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- runs: MLflow experiment `{study.experiment}` at `{study.uri}`",
+        f"- runs: MLflow experiment `{study.experiment}` at `{_shown_uri(study.uri)}`",
         "",
         "| # | claim (GSPO paper) | paper | ours (mean [95% CI]) | verdict |",
         "|---|---|---|---|---|",
