@@ -90,19 +90,7 @@ def test_sigterm_to_a_parallel_sweep_stops_its_workers(smoke_results, tmp_path):
     init = smoke_results / "smoke/checkpoints/coldstart"
     over = [f"results_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db", "train.steps=8",
             f"init_checkpoint={init}"]  # fmt: skip
-    argv = [
-        sys.executable,
-        "-m",
-        "gspo_study",
-        "sweep",
-        "--figure",
-        "1",
-        "--scale",
-        "smoke",
-        "--seeds",
-        "1",
-        *over,
-    ]
+    argv = [sys.executable, "-m", "gspo_study", *"sweep --figure 1 --scale smoke --seeds 1".split(), *over]
     proc = subprocess.Popen([*argv, "--jobs", "2"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip
     _wait_for_steps(f"sqlite:///{tmp_path}/m.db", "study-smoke", 2, proc)
