@@ -455,3 +455,11 @@ def test_long_horizon_report_rows(study):
         assert (
             stats.t.ppf(0.975, n - 1) * sd / n**0.5 <= 0.05 < stats.t.ppf(0.975, n - 2) * sd / (n - 1) ** 0.5
         )
+
+
+def test_report_names_a_store_under_the_repository_relatively():
+    from analysis.report import _shown_uri
+
+    root = Path(__file__).resolve().parents[1]
+    assert _shown_uri(f"sqlite:///{root}/results/mlflow.db") == "sqlite:///results/mlflow.db"
+    assert _shown_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
