@@ -360,9 +360,9 @@ def rl_step(ctx, step: int, device: torch.device) -> dict:
     mask, prev, per_update, clip = batch.response_mask, natural_old, [], []
     for rows_mb in perm.chunk(cfg.train.num_minibatches):
         with autocast(device):
-            metrics, _, _, _ = update_minibatch(
+            metrics = update_minibatch(
                 ctx, batch, rows_mb, adv, old_lp, replay, learning_rate(cfg, step)
-            )
+            ).metrics
             _, natural = policy_pass(ctx, batch, None)
         vol = routing_volatility(prev, natural, mask)
         per_update.append({k: vol[k] for k in ("overall", "tokens_any_changed")} | _depth(vol))

@@ -220,7 +220,9 @@ def test_report_one_row_per_claim(study):
         counts = re.search(r"(\d+) of (\d+) sweep runs", row)
         if c.figure == 6:  # measured on figure 6's runs, trained above
             assert counts and counts[1] == counts[2] and not row.endswith("| not run |"), row
-        elif c.figure is not None:  # the other sweeps were not trained here
+        elif (
+            c.figure is not None and c.figure != 11
+        ):  # the other sweeps were not trained here (11: by the figure test)
             assert row.endswith("| not run |") if counts is None else int(counts[1]) < int(counts[2])
 
 
