@@ -268,6 +268,7 @@ def figure_11(s: Study) -> list[Panel]:
 
 
 FIGURES[11] = figure_11
+FIGURES[12] = figure_11  # the same panels at 8 minibatches per rollout batch
 
 
 def _cat(*frames):
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
     args = p.parse_args(argv)
     try:
-        seeds = parse_seeds(args.seeds, args.scale)
+        seeds = parse_seeds(args.seeds, args.scale, args.figure)
         paths = make_figure(args.figure, args.scale, seeds, args.overrides, args.x)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,63 +1,26 @@
 """`results/<scale>/REPORT.md`: each claim of the GSPO paper, the paper's number, ours, and a verdict.
 
-    python analysis/report.py --scale cpu [--seeds 1,2,3] [key=value ...]
+    python analysis/report.py --scale cpu [--seeds 1,2,3] [--figure N] [key=value ...]
 
-Everything is computed from the tracked MLflow runs (found as in analysis/figures.py); a claim whose runs
-are missing or unfinished says "not run"; with no tracked run at all it stops (an error) and leaves REPORT.md
-as it is. Per-seed measures:
-- final pass@1: `eval/pass@1` at the run's last evaluation (its last step);
-- final reward: `rollout/reward/mean` averaged over the last evaluation interval, the steps after
-  `train.steps − eval.every` (all steps when eval.every is 0);
-- training averages (clip fraction, routing volatility): the metric averaged over every logged step;
-- gain over the cold start: final pass@1 minus `eval/pass@1` at step 0 (the cold-start model, same seed).
-Differences are paired by seed (every run of a seed starts from the same cold start and sees the same
-prompts and sampling streams): Δ_s = A_s − B_s, reported as mean and 95% Student-t interval over seeds.
-
-Verdict rule (`verdict`), for a claim that A − B has the paper's sign (where the paper also gives a factor,
-e.g. "about 100× more", only the sign is judged; the factor is shown, not tested):
-- "reproduces" if the interval of Δ excludes 0 on the paper's side, "not reproduced" if it excludes 0 on
-  the other side, "inconclusive" otherwise (including fewer than 2 seeds);
-- "no harm" claims (§5.4: A is not worse than B): "not reproduced" if the interval lies below 0,
-  "consistent" otherwise (no harm detected at this number of seeds; read the interval's width);
-- magnitude claims (the paper's ~value): "reproduces" if our interval lies within one order of magnitude
-  of the paper's value (between value/10 and value·10), "not reproduced" if it lies wholly outside,
-  "inconclusive" otherwise;
-- a claim measured in several ways is "not reproduced" if any measure is, "reproduces" (or "consistent")
-  if all are, else "inconclusive".
-The precision claim (6) is measured on figure 6's runs: at the CPU scale figure 10's 20-step bf16 runs
-(experiments/figures.yaml), which are also claim 11's uncorrected pair.
-The sweep claim (figure 8) pools the cells where GRPO without replay moves at least `MOVING` (1%) of its
-activated experts per step: Δ = A − GRPO (no replay) paired by cell and seed, mean and t-interval over those
-pairs, verdict as above; "inconclusive" when no cell moves that much. It uses the sweep's runs that exist
-(the count is shown), so a partly trained sweep is reported as such.
-The policy-lag claims (figure 9) judge claims 4 and 2 at the sweep's regime: among the lags where GSPO still
-learns (mean final pass@1 above its cold start), the one where routing's share of the log-ratio variance of
-GRPO without replay (`moe/route/var_share`, mean over seeds) is largest; Δ is paired by seed at that lag, and
-shown at lag 0 too. The instrument's row is a reading (verdict "measured"), per lag, means over seeds.
-`--figure 9` writes only those rows, from the sweep's runs alone, to REPORT-figure-9.md.
-The correction claims (figure 10, bf16 rollout engine) pair by seed: the bypass against recomputed π_old with no
-correction and with token TIS, sequence MIS and IcePop ("no harm", GSPO and GRPO + R2), and GRPO + R3 against
-GRPO + R2 with each ("diff", R3 ahead); each row's verdict is the uncorrected pair's, and its text says which
-correction, if any, gives another verdict. The per-correction verdicts are not corrected for multiple
-comparisons (four pairs per row): at n = 3 one interval in eight excluding 0 is what chance alone gives.
-`--figure 10` writes them to REPORT-figure-10.md.
-The long-horizon claims (figure 11: 300-step runs under the HF engine's bf16 copy, each seed from its own cold
-start) count collapsed runs per arm by the rule of analysis/collapse.py ("k of n", with the step and the
-instrument's readings over the 25 steps before it), and judge claims 4 and 2 on final pass@1 paired by seed,
-printing the interval's half-width against the 0.05 the comparison is sized for and, where it is wider, the seeds
-the measured SD would need. `--figure 11` writes them to REPORT-figure-11.md.
-The REPORT.md is also logged as an artifact of a run named `report` (tags `report=<scale>`, `seeds`).
+Everything is computed from the tracked MLflow runs (found as in analysis/figures.py); a claim whose runs are
+missing or unfinished says "not run"; with no tracked run at all it stops (an error) and leaves REPORT.md as it is.
+How each number and verdict is computed is `METHOD` (printed under the table); the rules are `verdict` and
+`combine`, each claim's judged quantities are `Estimate` records, and `tests/test_report_rules.py` builds data that
+must pass and must fail each rule. The REPORT.md is also logged as an artifact of a run named `report`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import StrEnum
 from pathlib import Path
+from typing import NamedTuple
 
 if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,9 +35,61 @@ from gspo_study.config import ConfigError  # noqa: E402
 from gspo_study.study import figure_configs, parse_seeds, run_config  # noqa: E402
 from gspo_study.tracking import run_key  # noqa: E402
 
-ORDER_OF_MAGNITUDE = 10.0  # what "~value" is read as, for magnitude claims (see the verdict rule)
+MARGIN = 0.05  # δ: the smallest gap in pass@1 or reward a difference row tests for; the no-harm rows' margin
+WITHIN = 3.0  # a magnitude claim ("~value") reproduces when our interval lies within [value/3, value·3]
 CLIP, VOL = "policy/clip_frac/token", "moe/routing_volatility/overall"
-MOVING = 0.01  # routing volatility per step from which a sweep cell counts as "routing moves" (issue 10)
+VOL_UPDATE = "moe/routing_volatility/per_update/overall"  # the paper's unit: one optimizer update
+MOVING = 0.01  # routing volatility per step from which a sweep cell counts as "routing moves" (figure 8)
+
+METHOD = f"""Per-seed measures:
+- final pass@1: `eval/pass@1` at the run's last evaluation (its last step);
+- final reward: `rollout/reward/mean` averaged over the last evaluation interval, the steps after
+  `train.steps − eval.every` (all steps when eval.every is 0);
+- training averages (clip fraction, routing volatility): the metric averaged over every logged step;
+- gain over the cold start: final pass@1 minus `eval/pass@1` at step 0 (the cold-start model, same seed).
+Differences are paired by seed (every run of a seed starts from the same cold start and sees the same prompts and
+sampling streams): Δ_s = A_s − B_s, shown as mean [95 % Student-t interval] ±half-width (n seeds).
+
+Verdicts (`verdict`; δ = {MARGIN} pass@1 or reward, the smallest gap a row tests for):
+- a difference claim (A − B has the paper's sign): "reproduces" if the interval excludes 0 on the paper's side;
+  "not reproduced" if it excludes every gap ≥ δ on the paper's side (its paper-side bound is below δ, which
+  includes an interval wholly on the other side); else "underpowered" if its half-width exceeds δ (the row
+  cannot see the gap it tests for), else "inconclusive". Where the paper gives a number (claim 3's clip
+  fractions), δ is the paper's own difference; a factor ("about 100× more") is shown, not tested;
+- a "no harm" claim (§5.4: A is not worse than B; δ is the non-inferiority margin): "consistent" if the
+  interval's lower bound is above −δ, "not reproduced" if its upper bound is below −δ, else "underpowered"
+  if its half-width exceeds δ, else "inconclusive";
+- a magnitude claim (the paper's ~value): "reproduces" if our interval lies within [value/{WITHIN:g},
+  value·{WITHIN:g}], "not reproduced" if it lies wholly outside (the text says by which factor), else
+  "inconclusive";
+- fewer than 2 seeds: no interval, "inconclusive";
+- a claim measured in several ways (`combine`): "not reproduced" if any measure is; "reproduces" (or
+  "consistent") if all are; else "underpowered" if any is; else "inconclusive".
+Multiplicity: a row that shows several comparisons says how many; only the one it names is judged, and none
+is corrected for multiplicity (at n = 3, one uncorrected interval in twenty excludes 0 by chance).
+Claim 5 is judged per optimizer update (`{VOL_UPDATE}`, the paper's unit), on figure 11's runs
+(the ones that log it).
+Claim 6 is measured on figure 6's runs: at the CPU scale figure 10's 20-step bf16 runs, also claim 11's
+uncorrected pair.
+Claim 7 (figure 8): the unit of replication is the seed (the cells are fixed): per seed, Δ = A − GRPO (no
+replay) averaged over the cells where GRPO without replay moves at least {MOVING:.0%} of its activated experts per
+step, then the interval over seeds. A cell where every algorithm collapses (each one's mean final pass@1 more
+than `analysis.collapse.PASS_MARGIN` below its cold start) is listed apart, not pooled. "inconclusive" when no
+cell moves that much. A partly trained sweep is reported as such (the count of its runs is shown).
+Claims 8–9 (figure 9) judge claims 4 and 2 at the sweep's regime: among the lags where GSPO still learns (mean
+final pass@1 above its cold start), the one where routing's share of the log-ratio variance of GRPO without
+replay (`moe/route/var_share`, mean over seeds) is largest — an argmax over the lags' means, whose intervals
+overlap; Δ is paired by seed at that lag and shown at lag 0 too. Claim 10 is a reading ("measured").
+Claims 11–12 (figure 10, bf16 rollout engine): the bypass against recomputed π_old with no correction and
+with token TIS, sequence MIS and IcePop ("no harm", GSPO and GRPO + R2), and GRPO + R3 against GRPO + R2 with
+each ("difference", R3 ahead); each row's verdict is its uncorrected pair's, and its text says which correction,
+if any, gives another verdict.
+Claims 13–15 (figure 11: 300-step runs under the HF engine's bf16 copy, each seed from its own cold start)
+count collapsed runs per arm by the rule of analysis/collapse.py ("k of n", with the step and the instrument's
+readings over the 25 steps before it), and judge claims 4 and 2 on final pass@1 paired by seed; where the
+half-width exceeds δ, the seeds the measured SD would need.
+`--figure N` writes only the claims measured on figure N's sweep, from its runs alone, to REPORT-figure-N.md.
+"""
 
 
 # ------------------------------------------------------------------------------------------------ measures
@@ -106,40 +121,117 @@ def training_mean(metric: str):
 
 
 # ------------------------------------------------------------------------------------------------ verdicts
+class Verdict(StrEnum):
+    REPRODUCES = "reproduces"
+    NOT_REPRODUCED = "not reproduced"
+    UNDERPOWERED = "underpowered"
+    INCONCLUSIVE = "inconclusive"
+    CONSISTENT = "consistent"
+    MEASURED = "measured"
+    NOT_RUN = "not run"
+
+
+def verdict(kind: str, lo: float, hi: float, sign: int = 1, paper: float = math.nan,
+            effect: float = MARGIN) -> Verdict:  # fmt: skip
+    """`kind`: "diff" (A − B has sign `sign`, the gap tested for is `effect`), "no_harm" (A is not worse than B
+    by more than `effect`) or "magnitude" (the interval against the paper's value within a factor WITHIN)."""
+    if math.isnan(lo):
+        return Verdict.INCONCLUSIVE
+    half = (hi - lo) / 2
+    if kind == "no_harm":
+        if lo > -effect:
+            return Verdict.CONSISTENT
+        if hi < -effect:
+            return Verdict.NOT_REPRODUCED
+        return Verdict.UNDERPOWERED if half > effect else Verdict.INCONCLUSIVE
+    if kind == "magnitude":
+        low, high = paper / WITHIN, paper * WITHIN
+        if low <= lo and hi <= high:
+            return Verdict.REPRODUCES
+        return Verdict.NOT_REPRODUCED if hi < low or lo > high else Verdict.INCONCLUSIVE
+    lo, hi = sorted((sign * lo, sign * hi))
+    if lo > 0:
+        return Verdict.REPRODUCES
+    if hi < effect:
+        return Verdict.NOT_REPRODUCED
+    return Verdict.UNDERPOWERED if half > effect else Verdict.INCONCLUSIVE
+
+
+def combine(verdicts: list[Verdict]) -> Verdict:
+    if Verdict.NOT_REPRODUCED in verdicts:
+        return Verdict.NOT_REPRODUCED
+    if all(v in (Verdict.REPRODUCES, Verdict.CONSISTENT) for v in verdicts):
+        return verdicts[0] if len(set(verdicts)) == 1 else Verdict.REPRODUCES
+    return Verdict.UNDERPOWERED if Verdict.UNDERPOWERED in verdicts else Verdict.INCONCLUSIVE
+
+
+def factor(lo: float, hi: float, paper: float) -> str:
+    """How far a magnitude interval lies from the paper's value, as "≈ N× lower/higher" ("" when it overlaps)."""
+    if hi < paper / WITHIN:
+        return f"≈ {paper / ((lo + hi) / 2):.3g}× lower at this scale"
+    if lo > paper * WITHIN:
+        return f"≈ {(lo + hi) / 2 / paper:.3g}× higher at this scale"
+    return ""
+
+
 def _fmt(mean: float, lo: float, hi: float) -> str:
     return f"{mean:.4g}" + ("" if math.isnan(lo) else f" [{lo:.4g}, {hi:.4g}]")
 
 
-def verdict(kind: str, lo: float, hi: float, sign: int = 1, paper: float = math.nan) -> str:
-    if math.isnan(lo):
-        return "inconclusive"
-    if kind == "no_harm":
-        return "not reproduced" if hi < 0 else "consistent"
-    if kind == "magnitude":
-        low, high = paper / ORDER_OF_MAGNITUDE, paper * ORDER_OF_MAGNITUDE
-        inside, outside = low <= lo and hi <= high, hi < low or lo > high
-        return "reproduces" if inside else "not reproduced" if outside else "inconclusive"
-    lo, hi = sorted((sign * lo, sign * hi))
-    return "reproduces" if lo > 0 else "not reproduced" if hi < 0 else "inconclusive"
+@dataclass(frozen=True)
+class Estimate:
+    """One judged quantity of a claim: its name, mean, 95 % interval over n (seeds), and verdict; `sides` the two
+    arms' own levels for a difference. Rendered once, by `text`."""
+
+    name: str
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    verdict: Verdict
+    sides: str = ""
+    unit: str = "Δ "  # "" for a level rather than a difference
+
+    @property
+    def half_width(self) -> float:
+        return (self.hi - self.lo) / 2
+
+    def text(self) -> str:
+        half = "" if math.isnan(self.lo) else f" ±{self.half_width:.3g}"
+        sides = f"{self.sides}; " if self.sides else ""
+        return f"{self.name}: {sides}{self.unit}{_fmt(self.mean, self.lo, self.hi)}{half} (n={self.n})"
 
 
-def combine(verdicts: list[str]) -> str:
-    if "not reproduced" in verdicts:
-        return "not reproduced"
-    if all(v in ("reproduces", "consistent") for v in verdicts):
-        return verdicts[0] if len(set(verdicts)) == 1 else "reproduces"
-    return "inconclusive"
+def estimate(name: str, values, kind: str = "diff", sign: int = 1, effect: float = MARGIN, sides: str = "",
+             paper: float = math.nan, unit: str = "Δ ") -> Estimate:  # fmt: skip
+    mean, lo, hi, n = mean_ci(values)
+    return Estimate(name, mean, lo, hi, n, verdict(kind, lo, hi, sign, paper, effect), sides, unit)
 
 
-def difference(study: Study, measure, a: str, b: str, name: str, kind: str, sign: int) -> tuple[str, str]:
-    """`name`: A − B paired by seed, as text with both sides, and its verdict."""
+def difference(study: Study, measure, a: str, b: str, name: str, kind: str, sign: int,
+               effect: float = MARGIN) -> Estimate:  # fmt: skip
+    """`name`: A − B paired by seed, with both sides' levels."""
     va, vb = measure(study, a), measure(study, b)
-    mean, lo, hi, n = mean_ci((va - vb).dropna())
-    text = (
-        f"{name}: {label(a)} {_fmt(*mean_ci(va)[:3])} vs {label(b)} {_fmt(*mean_ci(vb)[:3])}; "
-        f"Δ {_fmt(mean, lo, hi)} (n={n})"
+    sides = f"{label(a)} {_fmt(*mean_ci(va)[:3])} vs {label(b)} {_fmt(*mean_ci(vb)[:3])}"
+    return estimate(name, (va - vb).dropna(), kind, sign, effect, sides)
+
+
+class Result(NamedTuple):
+    """A claim's result: the text of the report's "ours" column, its verdict, and the estimates it was judged on
+    (REPORT.json holds them as numbers, for the README and docs text written from them)."""
+
+    ours: str
+    verdict: Verdict
+    estimates: tuple[Estimate, ...] = ()
+
+
+def judged(estimates: list[Estimate], head: str = "") -> Result:
+    """A claim's row from its estimates: their texts, and their combined verdict."""
+    return Result(
+        head + "; ".join(e.text() for e in estimates),
+        combine([e.verdict for e in estimates]),
+        tuple(estimates),
     )
-    return text, verdict(kind, lo, hi, sign)
 
 
 # ------------------------------------------------------------------------------------------------ claims
@@ -148,59 +240,61 @@ class Claim:
     text: str
     paper: str
     runs: tuple[str, ...]
-    measure: object  # (study) -> (ours text, verdict)
+    measure: object  # (study) -> (ours text, Verdict)
     figure: int | None = None  # measured on this figure's sweep (its own runs) instead of `runs`
 
 
 def _efficiency(study: Study):
-    parts = [
-        difference(study, final_pass, "gspo", "grpo_r2", "final pass@1", "diff", +1),
-        difference(study, final_reward, "gspo", "grpo_r2", "final reward", "diff", +1),
-    ]
-    return "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
+    return judged([difference(study, final_pass, "gspo", "grpo_r2", "final pass@1", "diff", +1),
+                   difference(study, final_reward, "gspo", "grpo_r2", "final reward", "diff", +1)])  # fmt: skip
 
 
 def _clipping(study: Study):
-    text, v = difference(study, training_mean(CLIP), "gspo", "grpo_r2", "clip fraction", "diff", +1)
+    paper = PAPER_CLIP_FRAC["gspo"] - PAPER_CLIP_FRAC["grpo_r2"]
+    e = difference(study, training_mean(CLIP), "gspo", "grpo_r2", "clip fraction", "diff", +1, effect=paper)
     a, b = (training_mean(CLIP)(study, r).mean() for r in ("gspo", "grpo_r2"))
-    return f"{text}; ratio ×{a / b:.3g}" if b > 0 else text, v
+    ratio = (
+        f"; ratio ×{a / b:.3g} (paper ×{PAPER_CLIP_FRAC['gspo'] / PAPER_CLIP_FRAC['grpo_r2']:.3g})"
+        if b > 0
+        else ""
+    )
+    return Result(e.text() + ratio, e.verdict, (e,))
 
 
 def _replay(study: Study):
-    parts = [
-        difference(study, final_pass, "grpo", "grpo_r2", "final pass@1", "diff", -1),
-        difference(study, final_reward, "grpo", "grpo_r2", "final reward", "diff", -1),
-    ]
-    return "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
+    return judged([difference(study, final_pass, "grpo", "grpo_r2", "final pass@1", "diff", -1),
+                   difference(study, final_reward, "grpo", "grpo_r2", "final reward", "diff", -1)])  # fmt: skip
 
 
 def _volatility(study: Study):
-    texts, verdicts = [], []
-    for run in ("gspo", "grpo"):
-        mean, lo, hi, n = mean_ci(training_mean(VOL)(study, run))
-        updates = next(r.cfg.train.num_minibatches for r in study.runs if r.run == run)
-        texts.append(f"{label(run)} {_fmt(mean, lo, hi)} (n={n}, after a step's {updates} updates)")
-        verdicts.append(verdict("magnitude", lo, hi, paper=PAPER_VOLATILITY))
-    return "; ".join(texts), combine(verdicts)
+    """Claim 5 per optimizer update (the paper's unit), on figure 11's GSPO and GRPO-without-replay runs."""
+    texts, estimates = [], []
+    for run in (LONG_ARMS["gspo"], LONG_ARMS["grpo"]):
+        e = estimate(f"{label(run)}, per update", training_mean(VOL_UPDATE)(study, run), "magnitude",
+                     paper=PAPER_VOLATILITY, unit="")  # fmt: skip
+        far = factor(e.lo, e.hi, PAPER_VOLATILITY) if not math.isnan(e.lo) else ""
+        texts.append(e.text() + (f", {far}" if far else ""))
+        estimates.append(e)
+    return Result(
+        _runs_found(study) + "; ".join(texts), combine([e.verdict for e in estimates]), tuple(estimates)
+    )
 
 
 def _precision(study: Study):
     a, b = "gspo_bf16_rollout", "gspo_bf16_recompute"
-    parts = [
-        difference(study, final_pass, a, b, "final pass@1", "no_harm", +1),
-        difference(study, final_reward, a, b, "final reward", "no_harm", +1),
-    ]
-    return _runs_found(study) + "; ".join(p[0] for p in parts), combine([p[1] for p in parts])
+    return judged([difference(study, final_pass, a, b, "final pass@1", "no_harm", +1),
+                   difference(study, final_reward, a, b, "final reward", "no_harm", +1)], _runs_found(study))  # fmt: skip
 
 
 def _improves(study: Study):
-    mean, lo, hi, n = mean_ci(gain(study, "gspo"))
     start = mean_ci(study.values(PASS1, "gspo").query("step == 0").value)[0]
-    text = f"GSPO held-out pass@1 gain over the cold start ({start:.3g}): {_fmt(mean, lo, hi)} (n={n})"
-    return text, verdict("diff", lo, hi, +1)
+    e = estimate(f"GSPO held-out pass@1 gain over the cold start ({start:.3g})", gain(study, "gspo"), unit="")
+    return Result(e.text(), e.verdict, (e,))
 
 
 def _sweep(study: Study):
+    from analysis.collapse import PASS_MARGIN
+
     t = sweep_table(study)
     total = len(study.runs) + len(study.missing)
     vol = t[t.run == "grpo"].groupby("cell").vol.mean()
@@ -208,18 +302,26 @@ def _sweep(study: Study):
     seeds = sorted({int(s) for s in t.seed.unique()})
     head = f"{len(study.runs)} of {total} sweep runs (seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}); "
     if not moving:
-        return head + f"no cell reaches {MOVING:.0%} volatility (max {vol.max():.3g})", "inconclusive"
-    final = t[t.cell.isin(moving)].set_index(["run", "cell", "seed"]).final
-    texts, verdicts = [], []
+        return head + f"no cell reaches {MOVING:.0%} volatility (max {vol.max():.3g})", Verdict.INCONCLUSIVE
+    by_arm = t[t.cell.isin(moving)].groupby(["cell", "run"])[["final", "start"]].mean()
+    down = by_arm.final < by_arm.start - PASS_MARGIN
+    gone = sorted(c for c in moving if down.loc[c].all())  # every algorithm collapsed there: not a comparison
+    pooled = sorted(moving - set(gone))
+    head += f"cells with GRPO volatility ≥ {MOVING:.0%}: {', '.join(sorted(moving))}"
+    if gone:
+        ends = by_arm.loc[gone].final
+        head += f"; every algorithm collapses at {', '.join(gone)} (final pass@1 {ends.min():.3g}–{ends.max():.3g}), not pooled"
+    if not pooled:
+        return head, Verdict.INCONCLUSIVE
+    final = t[t.cell.isin(pooled)].set_index(["run", "cell", "seed"]).final
+    estimates = []
     for a in ("gspo", "grpo_r2"):
-        d = (final.loc[a] - final.loc["grpo"]).dropna()
-        mean, lo, hi, n = mean_ci(d)
-        texts.append(f"{label(a)} − GRPO (no replay) final pass@1 {_fmt(mean, lo, hi)} (n={n} pairs)")
-        verdicts.append(verdict("diff", lo, hi, +1))
-    cells = ", ".join(sorted(moving))
-    return head + f"cells with GRPO volatility ≥ {MOVING:.0%}: {cells}; " + "; ".join(texts), combine(
-        verdicts
-    )
+        per_seed = (
+            (final.loc[a] - final.loc["grpo"]).dropna().groupby("seed").mean()
+        )  # cells fixed, seeds replicate
+        estimates.append(estimate(f"{label(a)} − GRPO (no replay) final pass@1, mean over {len(pooled)} cells",
+                                  per_seed))  # fmt: skip
+    return judged(estimates, head + "; ")
 
 
 def regime_lag(t: pd.DataFrame) -> int | None:
@@ -235,15 +337,6 @@ def regime_lag(t: pd.DataFrame) -> int | None:
     return int(pool.idxmax())
 
 
-def _at_lags(t: pd.DataFrame, a: str, b: str, lags: list[int]) -> list[tuple[int, float, float, float, int]]:
-    final = t.set_index(["run", "lag", "seed"]).final.sort_index()
-    out = []
-    for lag in lags:
-        if (a, lag) in final.index.droplevel("seed") and (b, lag) in final.index.droplevel("seed"):
-            out.append((lag, *mean_ci((final.loc[(a, lag)] - final.loc[(b, lag)]).dropna())))
-    return out
-
-
 def _runs_found(study: Study) -> str:
     """How many of a sweep's runs the row is measured on (a partly trained sweep is reported as such)."""
     return f"{len(study.runs)} of {len(study.runs) + len(study.missing)} sweep runs; "
@@ -256,22 +349,19 @@ def _lag_claim(study: Study, a: str, b: str, sign: int):
     head = _runs_found(study)
     lag = regime_lag(t)
     if lag is None:
-        return head + "none of GRPO without replay", "inconclusive"
+        return head + "none of GRPO without replay", Verdict.INCONCLUSIVE
     share = t[t.run == "grpo"].groupby("lag").share.mean()
-    found = {k: (m, lo, hi, n) for k, m, lo, hi, n in _at_lags(t, a, b, sorted({0, lag}))}
+    final = t.set_index(["run", "lag", "seed"]).final.sort_index()
+    pairs = final.index.droplevel("seed")
+    found = {k: estimate(f"at lag {k}{' (regime)' if k == lag else ''}", (final.loc[(a, k)] - final.loc[(b, k)]).dropna(),
+                         "diff", sign) for k in sorted({0, lag}) if (a, k) in pairs and (b, k) in pairs}  # fmt: skip
     if lag not in found:
-        return (
-            head + f"no {label(a)} and {label(b)} pair at lag {lag}",
-            "inconclusive",
-        )
-    parts = [
-        f"at lag {k}{' (regime)' if k == lag else ''}: {_fmt(*v[:3])} (n={v[3]})" for k, v in found.items()
-    ]
-    text = (head + f"regime = lag {lag} (largest routing share of Var log-ratio, "
-            f"{share.loc[lag]:.3g}, where GSPO still gains over the cold start); {label(a)} − {label(b)} final "
-            f"pass@1 " + "; ".join(parts))  # fmt: skip
-    _, lo, hi, _ = found[lag]
-    return text, verdict("diff", lo, hi, sign)
+        return head + f"no {label(a)} and {label(b)} pair at lag {lag}", Verdict.INCONCLUSIVE
+    text = (head + f"regime = lag {lag}, the argmax over {share.index.nunique()} lags' mean routing share of Var "
+            f"log-ratio ({share.loc[lag]:.3g}; the lags' intervals overlap) where GSPO still gains over the cold "
+            f"start; 1 comparison judged (lag 0 shown); {label(a)} − {label(b)} final pass@1 "
+            + "; ".join(e.text() for e in found.values()))  # fmt: skip
+    return Result(text, found[lag].verdict, (found[lag],))
 
 
 def _lag(study: Study):
@@ -292,11 +382,11 @@ def _instrument(study: Study):
     head = _runs_found(study)
     g = t[t.run == "grpo"].groupby("lag")[["share", "flip_token", "flip_seq", "vol"]].mean()
     if g.empty:
-        return head + "none of GRPO without replay", "inconclusive"
+        return head + "none of GRPO without replay", Verdict.INCONCLUSIVE
     n = t[t.run == "grpo"].groupby("lag").seed.nunique()
     cells = [f"lag {lag}: share {r.share:.3g}, flips {r.flip_token:.2%} token / {r.flip_seq:.2%} seq, volatility "
              f"{r.vol:.2%} (n={n.loc[lag]})" for lag, r in g.iterrows()]  # fmt: skip
-    return head + "; ".join(cells), "measured"
+    return head + "; ".join(cells), Verdict.MEASURED
 
 
 CORRECTIONS = {
@@ -307,10 +397,14 @@ CORRECTIONS = {
 }
 
 
-def _changed(base: str, per: dict[str, str]) -> str:
+def _changed(base: Verdict, per: dict[str, Verdict]) -> str:
     """Which corrections turn the uncorrected verdict `base` into another, as text."""
     moved = [f"{CORRECTIONS[c]} ({v})" for c, v in per.items() if c != "bf16_recompute" and v != base]
     return "changed by " + ", ".join(moved) if moved else "no correction changes it"
+
+
+def _multiplicity(k: int) -> str:
+    return f"{k} comparisons per arm, only the uncorrected one judged, none corrected for multiplicity; "
 
 
 def _correction_precision(study: Study):
@@ -318,17 +412,19 @@ def _correction_precision(study: Study):
     with no correction and with each correction, final pass@1 paired by seed, "no harm" verdict per pair, for
     GSPO and for GRPO + R2. The verdict is GSPO's uncorrected one (claim 6 at figure 10's runs); the text says
     which correction, if any, gives another."""
-    texts, verdicts = [], {}
+    texts, verdicts, judged_on = [], {}, None
     for obj in ("gspo", "grpo_r2"):
         per = {}
         for c in CORRECTIONS:
-            text, per[c] = difference(study, final_pass, f"{obj}_bf16_rollout", f"{obj}_{c}",
-                                      f"bypass − recompute ({CORRECTIONS[c]})", "no_harm", +1)  # fmt: skip
-            texts.append(f"{label(obj)}: {text} → {per[c]}")
+            e = difference(study, final_pass, f"{obj}_bf16_rollout", f"{obj}_{c}",
+                           f"bypass − recompute ({CORRECTIONS[c]})", "no_harm", +1)  # fmt: skip
+            per[c] = e.verdict
+            judged_on = e if (obj, c) == ("gspo", "bf16_recompute") else judged_on
+            texts.append(f"{label(obj)}: {e.text()} → {e.verdict}")
         verdicts[obj] = per
         texts.append(f"{label(obj)}: {_changed(per['bf16_recompute'], per)}")
-    head = _runs_found(study)
-    return head + "; ".join(texts), verdicts["gspo"]["bf16_recompute"]
+    head = _runs_found(study) + _multiplicity(len(CORRECTIONS))
+    return Result(head + "; ".join(texts), verdicts["gspo"]["bf16_recompute"], (judged_on,))
 
 
 def _correction_replay(study: Study):
@@ -336,26 +432,29 @@ def _correction_replay(study: Study):
     π_old recomputed and no correction (figure 7's comparison) and with each correction. R3 paper's sign: R3
     ahead under a mismatched rollout engine. The verdict is the uncorrected pair's; the text says which
     correction changes it, and each correction's masked token fraction."""
-    texts, per = [], {}
+    texts, per, judged_on = [], {}, None
     for c in CORRECTIONS:
-        text, per[c] = difference(study, final_pass, "grpo_r3_bf16", f"grpo_r2_{c}", f"R3 − R2 ({CORRECTIONS[c]})",
-                                  "diff", +1)  # fmt: skip
+        e = difference(
+            study, final_pass, "grpo_r3_bf16", f"grpo_r2_{c}", f"R3 − R2 ({CORRECTIONS[c]})", "diff", +1
+        )
+        per[c] = e.verdict
+        judged_on = e if c == "bf16_recompute" else judged_on
         masked = training_mean("correction/masked_frac/token")(study, f"grpo_r2_{c}").mean()
         masked_text = "" if math.isnan(masked) else f", R2's masked tokens {masked:.3%}"
-        texts.append(f"{text}{masked_text} → {per[c]}")
+        texts.append(f"{e.text()}{masked_text} → {e.verdict}")
     k3_r2, k3_r3 = (
         training_mean("mismatch/k3")(study, r).mean() for r in ("grpo_r2_bf16_recompute", "grpo_r3_bf16")
     )
     texts.append(f"k3 mismatch R2 {k3_r2:.3g}, R3 {k3_r3:.3g}")
     texts.append(_changed(per["bf16_recompute"], per))
-    head = _runs_found(study)
-    return head + "; ".join(texts), per["bf16_recompute"]
+    head = _runs_found(study) + _multiplicity(len(CORRECTIONS))
+    return Result(head + "; ".join(texts), per["bf16_recompute"], (judged_on,))
 
 
 # ------------------------------------------------------------------------------------- figure 11: the long horizon
 LONG_ARMS = {"grpo": "grpo_bf16_recompute", "grpo_r2": "grpo_r2_bf16_recompute", "grpo_r3": "grpo_r3_bf16",
              "gspo": "gspo_bf16_recompute"}  # fmt: skip
-TARGET_HALF_WIDTH = 0.05  # the gap in final pass@1 the long-horizon comparison is sized to see (issue 32 §3)
+TARGET_HALF_WIDTH = MARGIN  # the gap in final pass@1 the long-horizon comparison is sized to see
 BEFORE = 25  # steps of the instrument's readings before a collapse (or the run's last steps without one)
 READINGS = {"k3": "mismatch/k3", "F(2)": "mismatch/f_tau_2", "routing gap": "moe/train_infer_routing/tokens_any_changed",
             "R2 share": "moe/route/r2_removed_share", "grad norm": "train/grad_norm"}  # fmt: skip
@@ -382,7 +481,7 @@ def _powered(d: pd.Series) -> str:
     if half <= TARGET_HALF_WIDTH:
         return f"half-width {half:.3f} ≤ {TARGET_HALF_WIDTH}"
     need = seeds_needed(float(d.std(ddof=1)))
-    return f"half-width {half:.3f} > {TARGET_HALF_WIDTH}: underpowered; SD {d.std(ddof=1):.3f} needs {need} seeds"
+    return f"half-width {half:.3f} > {TARGET_HALF_WIDTH}; SD {d.std(ddof=1):.3f} needs {need} seeds"
 
 
 def _long_claim(study: Study, a: str, b: str, sign: int):
@@ -390,8 +489,8 @@ def _long_claim(study: Study, a: str, b: str, sign: int):
     would take to reach TARGET_HALF_WIDTH; verdict as every difference row."""
     ra, rb = LONG_ARMS[a], LONG_ARMS[b]
     d = (final_pass(study, ra) - final_pass(study, rb)).dropna()
-    text, v = difference(study, final_pass, ra, rb, "final pass@1", "diff", sign)
-    return _runs_found(study) + f"{text}; {_powered(d)}", v
+    e = difference(study, final_pass, ra, rb, "final pass@1", "diff", sign)
+    return Result(_runs_found(study) + f"{e.text()}; {_powered(d)}", e.verdict, (e,))
 
 
 def _long_replay(study: Study):
@@ -416,9 +515,7 @@ def _readings(study: Study, run: str, seed: int, upto: int) -> dict[str, float]:
 
 def _collapse(study: Study):
     """Runs that collapsed per arm (analysis/collapse.py's rule), at which step, and the instrument's readings over
-    the BEFORE steps before it (over each arm's last BEFORE steps when none did). Verdict: "reproduces" when GRPO
-    without replay collapses in at least half its runs and GRPO + R2 in none, "not reproduced" when no GRPO
-    without replay run collapses, else "inconclusive"."""
+    the BEFORE steps before it (over each arm's last BEFORE steps when none did). Verdict: `collapse_verdict`."""
     from analysis.collapse import collapse
 
     texts, counts = [], {}
@@ -441,11 +538,17 @@ def _collapse(study: Study):
         texts.append(f"{label(run)}: {len(down)} of {len(found)} collapsed" + (f" ({when})" if when else "") +
                      f" in {horizon} steps; {'before it' if down else f'last {BEFORE} steps'}: {readings}")  # fmt: skip
     if "grpo" not in counts:
-        return _runs_found(study) + "none of GRPO without replay", "inconclusive"
+        return _runs_found(study) + "none of GRPO without replay", Verdict.INCONCLUSIVE
     k, n = counts["grpo"]
-    k2 = counts.get("grpo_r2", (0, 0))[0]
-    v = "reproduces" if 2 * k >= n and k2 == 0 and k > 0 else "not reproduced" if k == 0 else "inconclusive"
-    return _runs_found(study) + "; ".join(texts), v
+    return _runs_found(study) + "; ".join(texts), collapse_verdict(k, n, counts.get("grpo_r2", (0, 0))[0])
+
+
+def collapse_verdict(k: int, n: int, k_r2: int) -> Verdict:
+    """k of n GRPO-without-replay runs collapsed, k_r2 GRPO + R2 runs: "reproduces" when at least half of the
+    former and none of the latter did, "not reproduced" when none of the former did, else "inconclusive"."""
+    if k == 0:
+        return Verdict.NOT_REPRODUCED
+    return Verdict.REPRODUCES if 2 * k >= n and k_r2 == 0 else Verdict.INCONCLUSIVE
 
 
 CLAIMS = [
@@ -457,14 +560,14 @@ CLAIMS = [
           f"{PAPER_CLIP_FRAC['gspo']} vs {PAPER_CLIP_FRAC['grpo_r2']}", ("gspo", "grpo_r2"), _clipping),
     Claim("GRPO without Routing Replay fails to converge normally on MoE (Fig. 3)", "lower reward and "
           "scores than GRPO + R2", ("grpo", "grpo_r2"), _replay),
-    Claim("Expert volatility: ~10% of activated experts change per update (§5.3)", f"~{PAPER_VOLATILITY} "
-          "(48-layer Qwen3-30B-A3B, one update)", ("gspo", "grpo"), _volatility),
+    Claim("Expert volatility: ~10% of activated experts change per update (§5.3; per update, on figure 11's runs)",
+          f"~{PAPER_VOLATILITY} (48-layer Qwen3-30B-A3B, one update)", (), _volatility, figure=11),
     Claim("GSPO tolerates precision mismatch: rollout log-probs need no recompute (§5.4)", "no loss "
           "(no number reported)", (), _precision, figure=6),
     Claim("Where routing moves, GRPO without replay falls behind GSPO and GRPO + R2 (Fig. 8, ours)",
           "§5.3: GRPO without replay fails on MoE; replay or GSPO fixes it", (), _sweep, figure=8),
-    Claim("Where routing is most of the ratio (policy lag, Fig. 9, ours), GRPO without replay falls behind "
-          "GRPO + R2 (claim 4 at the regime)", "§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows",
+    Claim("At the policy lag where routing's share of the ratio's variance is largest (Fig. 9, ours), GRPO "
+          "without replay falls behind GRPO + R2 (claim 4 at the regime)", "§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows",
           (), _lag, figure=9),
     Claim("GSPO trains more efficiently than GRPO + R2 at that regime (claim 2 at the regime, Fig. 9)",
           "higher reward and scores (Fig. 1, at lag 0)", (), _lag_efficiency, figure=9),
@@ -495,24 +598,41 @@ def _commit() -> str:
         return "unknown"
 
 
-def rows(study: Study, sweeps: dict[int, Study], claims=None) -> list[tuple[str, str, str, str]]:
-    """(claim, paper, ours, verdict) per claim (`claims`: all); "not run" where a run or seed is missing."""
+def results(study: Study, sweeps: dict[int, Study], claims=None) -> list[Result]:
+    """Each claim's Result (`claims`: all); "not run" where a run or seed is missing."""
     absent = {run for run, _, _ in study.missing}
     out = []
     for c in CLAIMS if claims is None else claims:
         if c.figure is not None:
             sweep = sweeps[c.figure]
-            out.append((c.text, c.paper, *c.measure(sweep)) if sweep.runs else
-                       (c.text, c.paper, f"missing: all runs of figure {c.figure}", "not run"))  # fmt: skip
+            out.append(Result(*c.measure(sweep)) if sweep.runs else
+                       Result(f"missing: all runs of figure {c.figure}", Verdict.NOT_RUN))  # fmt: skip
             continue
         gone = [r for r in c.runs if r in absent]
         if gone:
             seeds = sorted({s for r, s, _ in study.missing if r in gone})
-            out.append((c.text, c.paper, f"missing: {', '.join(gone)} (seeds {seeds})", "not run"))
+            out.append(Result(f"missing: {', '.join(gone)} (seeds {seeds})", Verdict.NOT_RUN))
             continue
-        ours, v = c.measure(study)
-        out.append((c.text, c.paper, ours, v))
+        out.append(Result(*c.measure(study)))
     return out
+
+
+def rows(study: Study, sweeps: dict[int, Study], claims=None) -> list[tuple[str, str, str, str]]:
+    """(claim, paper, ours, verdict) per claim (`claims`: all)."""
+    claims = CLAIMS if claims is None else claims
+    return [(c.text, c.paper, r.ours, r.verdict) for c, r in zip(claims, results(study, sweeps, claims))]
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def as_records(claims, found: list[Result]) -> list[dict]:
+    """REPORT.json: per claim its number, text, verdict and estimates as numbers (null where there is none)."""
+    return [dict(claim=CLAIMS.index(c) + 1, text=c.text, verdict=str(r.verdict),
+                 estimates=[dict(name=e.name, mean=_num(e.mean), lower=_num(e.lo), upper=_num(e.hi),
+                                 half_width=_num(e.half_width), n=e.n, verdict=str(e.verdict)) for e in r.estimates])
+            for c, r in zip(claims, found)]  # fmt: skip
 
 
 def _shown_uri(uri: str) -> str:
@@ -529,42 +649,53 @@ def _shown_uri(uri: str) -> str:
     return uri
 
 
+def _seeds_line(seeds: list[int], per_figure: dict[int, list[int]]) -> str:
+    own = [f"figure {f}: {', '.join(map(str, s))}" for f, s in sorted(per_figure.items()) if s != seeds]
+    return ", ".join(map(str, seeds)) + (f" ({'; '.join(own)})" if own else "")
+
+
 def render(
-    study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int], figure: int | None = None
-) -> str:
+    study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int], figure: int | None = None,
+    found: list[Result] | None = None, per_figure: dict[int, list[int]] | None = None,
+) -> str:  # fmt: skip
     runs = [*study.runs, *(r for sweep in sweeps.values() for r in sweep.runs)]
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs}) or ["(no runs)"]
     claims = CLAIMS if figure is None else [c for c in CLAIMS if c.figure == figure]
+    found = results(study, sweeps, claims) if found is None else found
     title = f"# Reproduction report: scale `{scale}`" + (
         f", the claims measured on figure {figure}'s sweep" if figure else ""
     )
     lines = [
         title,
         "",
-        f"- seeds: {', '.join(map(str, seeds))}",
+        f"- seeds: {_seeds_line(seeds, per_figure or {})}",
         f"- git commit(s) of the runs: {', '.join(commits)}; report drawn at {_commit()}",
         f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- runs: MLflow experiment `{study.experiment}` at `{_shown_uri(study.uri)}`",
         "",
-        "| # | claim (GSPO paper) | paper | ours (mean [95% CI]) | verdict |",
+        "| # | claim (GSPO paper) | paper | ours (mean [95% CI] ±half-width) | verdict |",
         "|---|---|---|---|---|",
     ]
-    for c, row in zip(claims, rows(study, sweeps, claims)):
+    for c, r in zip(claims, found):
+        row = (c.text, c.paper, r.ours, r.verdict)
         lines.append(f"| {CLAIMS.index(c) + 1} | " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
-    rule = __doc__.split("Per-seed measures:", 1)[1].split("The REPORT.md", 1)[0]
-    return "\n".join(lines) + "\n\n## How the numbers and verdicts are computed\n\nPer-seed measures:" + rule
+    return "\n".join(lines) + "\n\n## How the numbers and verdicts are computed\n\n" + METHOD
 
 
-def make_report(scale: str, seeds: list[int], overrides=(), figure: int | None = None) -> Path:
-    """REPORT.md (every claim), or with `figure` REPORT-figure-N.md: only the claims measured on that figure's
-    sweep, from its runs alone (e.g. where the base runs of claims 1–5 are not in this store)."""
+def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int | None = None) -> Path:
+    """REPORT.md and REPORT.json (every claim), or with `figure` REPORT-figure-N.md: only the claims measured on
+    that figure's sweep, from its runs alone. `seeds` None: the scale's default seeds, and each figure's own for
+    the claims measured on its sweep (`study.parse_seeds`)."""
+    given = seeds
+    seeds = parse_seeds(None, scale) if seeds is None else seeds
     claims = CLAIMS if figure is None else [c for c in CLAIMS if c.figure == figure]
     if not claims:
         raise ConfigError(f"bad figure {figure!r}; allowed: one whose sweep a claim is measured on "
                           f"({', '.join(str(c.figure) for c in CLAIMS if c.figure is not None)})")  # fmt: skip
     runs = list(dict.fromkeys(r for c in claims for r in c.runs))
     figs = {c.figure for c in claims if c.figure is not None}
-    sweeps = {f: load(figure_configs(f, scale, seeds, tuple(overrides))) for f in figs}
+    per_figure = {f: given if given is not None else parse_seeds(None, scale, f) for f in figs}
+    sweeps = {f: load(figure_configs(f, scale, per_figure[f], tuple(overrides))) for f in figs}
     study = (load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds]) if runs
              else sweeps[figure])  # fmt: skip
     path = study.out_dir / ("REPORT.md" if figure is None else f"REPORT-figure-{figure}.md")
@@ -578,9 +709,15 @@ def make_report(scale: str, seeds: list[int], overrides=(), figure: int | None =
     if note:  # another machine or library draw than the shipped study's: say so, in one line
         print(note)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(study, sweeps, scale, seeds, figure))
+    found = results(study, sweeps, claims)
+    path.write_text(render(study, sweeps, scale, seeds, figure, found, per_figure))
+    written = [path]
+    if figure is None:  # the same results as numbers, for text written from them (analysis/readme.py)
+        records = path.with_suffix(".json")
+        records.write_text(json.dumps(as_records(claims, found), indent=1, allow_nan=False) + "\n")
+        written.append(records)
     if study.runs:
-        log_outputs(study, "report", {"report": scale, "seeds": ",".join(map(str, seeds))}, [path])
+        log_outputs(study, "report", {"report": scale, "seeds": ",".join(map(str, seeds))}, written)
     return path
 
 
@@ -594,7 +731,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
     args = p.parse_args(argv)
     try:
-        path = make_report(args.scale, parse_seeds(args.seeds, args.scale), args.overrides, args.figure)
+        seeds = parse_seeds(args.seeds, args.scale) if args.seeds else None
+        path = make_report(args.scale, seeds, args.overrides, args.figure)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

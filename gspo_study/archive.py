@@ -65,16 +65,18 @@ def _base(scale: str, overrides: tuple[str, ...]) -> Config:
 
 
 def study_configs(
-    scale: str, seeds: list[int], overrides: tuple[str, ...] = (), figures: list[int] | None = None
+    scale: str, seeds: list[int] | None, overrides: tuple[str, ...] = (), figures: list[int] | None = None
 ) -> list[tuple[str, Config]]:
-    """(run file, config) of every distinct run the scale's figures use (a run shared by figures once)."""
-    from gspo_study.study import figure_configs
+    """(run file, config) of every distinct run the scale's figures use (a run shared by figures once), at `seeds`
+    (None: each figure's own seeds, `study.parse_seeds`)."""
+    from gspo_study.study import figure_configs, parse_seeds
     from gspo_study.study import figures as all_figures
 
     names = [int(k.removeprefix("figure-")) for k in all_figures()] if figures is None else figures
     out: dict[str, tuple[str, Config]] = {}
     for figure in names:
-        for run, cfg in figure_configs(figure, scale, seeds, overrides):
+        at = seeds if seeds is not None else parse_seeds(None, scale, figure)
+        for run, cfg in figure_configs(figure, scale, at, overrides):
             out.setdefault(run_key(cfg), (run, cfg))
     return list(out.values())
 
@@ -103,7 +105,7 @@ def _row(client, run) -> dict:
 
 def export_study(
     scale: str,
-    seeds: list[int],
+    seeds: list[int] | None,
     overrides: tuple[str, ...] = (),
     figures: list[int] | None = None,
     out: Path | None = None,

@@ -86,7 +86,7 @@ def _cmd_eval(args) -> None:
 def _cmd_sweep(args) -> None:
     from gspo_study.study import parse_seeds, run_figure
 
-    seeds = parse_seeds(args.seeds, args.scale)
+    seeds = parse_seeds(args.seeds, args.scale, args.figure)
     run_figure(args.figure, args.scale, seeds, tuple(args.overrides), jobs=args.jobs)
 
 
@@ -111,11 +111,12 @@ def _cmd_export_study(args) -> None:
     from gspo_study.study import parse_seeds
 
     figures = [int(f) for f in args.figures.split(",")] if args.figures else None
-    seeds = parse_seeds(args.seeds, args.scale)
+    seeds = parse_seeds(args.seeds, args.scale) if args.seeds else None  # None: each figure's own
     path, n, missing = export_study(args.scale, seeds, tuple(args.overrides), figures, args.out, args.partial)
     size = path.stat().st_size / 1e6
     left = f"; {len(missing)} not finished, left out (first: {missing[0]})" if missing else ""
-    print(f"{path}: {n} finished runs of scale {args.scale} (seeds {seeds}), {size:.2f} MB{left}")
+    shown = f"seeds {seeds}" if seeds else "each figure's seeds"
+    print(f"{path}: {n} finished runs of scale {args.scale} ({shown}), {size:.2f} MB{left}")
 
 
 def _cmd_import_study(args) -> None:

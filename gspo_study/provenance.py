@@ -3,7 +3,9 @@
 A run's numbers are bit-identical for the same config, seed and thread count *on one machine with one set of
 libraries*; another CPU model, instruction set, BLAS build or torch / transformers version rounds differently
 and gives another draw (measured: a 16-layer cold start whose SFT loss leaves the committed one's in the 7th
-digit at step 7, and figure 1 at 0.723 vs 0.738 instead of 0.704 vs 0.681; README, Guarantees). So every run is
+digit at step 7; docs/RELIABILITY.md). The draw follows the CPU's kernel path — its vector extensions, above all:
+a fresh clone on an AVX-512-BF16 machine redrew the first, AVX-512-drawn study digit for digit, and the study
+redrawn on an AVX2-only machine differs from both. So every run is
 tagged `provenance.*` (`tags`), and the figures and the report compare the runs they draw from with the shipped
 study (`results/<scale>/study-runs.parquet`, gspo_study.archive) and say in one line when they differ
 (`draw_notice`): a different draw, not an error.
@@ -98,9 +100,32 @@ def draw_notice(used: dict[str, dict[str, str]], shipped: dict[str, dict[str, st
                 differ.setdefault(k, set()).add(f"{a[k]} here vs {b[k]} shipped")
     if not differ:  # the same draw (or neither side recorded it): the same numbers
         return None
-    how = "; ".join(f"{k}: {', '.join(sorted(v)[:2])}" for k, v in differ.items())
+    how = "; ".join(f"{k}: {', '.join(sorted(v)[:2])}" for k, v in differ.items() if k != "cpu_flags")
+    cause = _likely_cause(used, shipped)
     return (
-        f"note: {what} is another draw than the shipped study ({others} of {len(used)} runs not the shipped ones; "
-        f"{how}): a different draw, not an error — bit-identity holds per machine, not across machines (README, "
-        "Guarantees); `make import-study` loads the shipped runs"
+        f"note: {what} is another draw than the shipped study ({others} of {len(used)} runs not the shipped ones"
+        f"{'; ' + how if how else ''}){cause}: a different draw, not an error — the numbers follow the CPU's "
+        "kernel path and libraries, not the config alone (docs/RELIABILITY.md); `make import-study` loads the "
+        "shipped runs"
     )
+
+
+def _likely_cause(used: dict[str, dict[str, str]], shipped: dict[str, dict[str, str]]) -> str:
+    """ "; likely cause: …" when the vector extensions the runs were drawn with differ from the shipped runs' (the
+    kernel path torch, MKL and oneDNN take follows them: an AVX2-only and an AVX-512-BF16 machine draw different
+    numbers from one config), else ""."""
+
+    def exts(tag_sets) -> set[str]:
+        return {
+            f
+            for t in tag_sets
+            for f in t.get(PREFIX + "cpu_flags", "").split()
+            if f.startswith(("avx", "amx"))
+        }
+
+    here, there = exts(used.values()), exts(t for k, t in shipped.items() if k in used)
+    if here == there:
+        return ""
+    plus, minus = sorted(here - there), sorted(there - here)
+    shown = ", ".join([*(f"+{f}" for f in plus[:4]), *(f"−{f}" for f in minus[:4])])
+    return f"; likely cause: the CPU's vector extensions differ from the shipped runs' ({shown})"

@@ -53,11 +53,14 @@ def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
     return specs[name]
 
 
-def parse_seeds(text: str | None, scale: str) -> list[int]:
+def parse_seeds(text: str | None, scale: str, figure: str | int | None = None) -> list[int]:
+    """The seeds `text` names; without it, `figure`'s own (`seeds: {<scale>: [...]}` in figures.yaml, e.g. a
+    figure sized for more seeds than the others), else the scale's default."""
     if not text:
         if scale not in DEFAULT_SEEDS:
             raise ConfigError(f"unknown scale {scale!r}; allowed: {', '.join(DEFAULT_SEEDS)}")
-        return DEFAULT_SEEDS[scale]
+        own = figure_spec(figure).get("seeds", {}) if figure is not None else {}
+        return list(own.get(scale, DEFAULT_SEEDS[scale]))
     try:
         return [int(s) for s in str(text).replace(",", " ").split()]
     except ValueError:

@@ -162,6 +162,7 @@ def test_another_draw_is_said_in_one_line(shipped, tmp_path, capsys):
     rows = read_archive(archive)
     for r in rows:  # the study as another machine would have shipped it
         r["tags"]["provenance.cpu"] = "Some Other CPU"
+        r["tags"]["provenance.cpu_flags"] += " avx512_fake"  # a vector extension this machine lacks
         r["tags"]["init_fingerprint"] = "0123456789abcdef"
     other = tmp_path / "other.parquet"
     write_archive(rows, other)
@@ -175,6 +176,7 @@ def test_another_draw_is_said_in_one_line(shipped, tmp_path, capsys):
     out = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note:")]
     assert len(out) == 2 and out[0].startswith("note: figure 1 is another draw than the shipped study")
     assert "Some Other CPU shipped" in out[0] and "cold start: " in out[0] and "not an error" in out[0]
+    assert "likely cause: the CPU's vector extensions differ from the shipped runs' (−avx512_fake)" in out[0]
     assert out[1].startswith("note: the smoke report is another draw")
 
 

@@ -1,0 +1,167 @@
+"""The result numbers of README.md and docs/FIGURES.md, written from the shipped study, never typed in.
+
+    python analysis/readme.py [--scale cpu] [--check]
+
+Each document holds marked blocks, `<!-- BEGIN <name> -->` … `<!-- END <name> -->`; this script rewrites every
+one from `results/<scale>/REPORT.json` (the report's estimates and verdicts, `make report`), the figure CSVs and
+the shipped runs' own start and end times (`results/<scale>/study-runs.parquet`). `make report` runs it at the CPU
+scale; `--check` exits 1 and names the block when a document differs from what the results say (the test
+`tests/test_readme.py` does the same, so a redraw that changes a number fails until the text follows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = (ROOT / "README.md", ROOT / "docs" / "FIGURES.md")
+BLOCK = re.compile(r"(<!-- BEGIN (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S)
+
+# Which report rows each figure's line quotes (figure 5 is a view with no claim of its own).
+FIGURE_CLAIMS = {1: (1, 2), 2: (3,), 3: (4,), 4: (5,), 5: (), 6: (6,), 7: (12,), 8: (7,), 9: (8, 9), 10: (11, 12),
+                 11: (13, 14, 15)}  # fmt: skip
+WHAT = {
+    1: "GSPO vs GRPO + R2: reward and held-out pass@1 over training",
+    2: "clipped-token fraction, and per minibatch",
+    3: "GRPO with vs without routing replay",
+    4: "routing volatility per layer and over training",
+    5: "token- vs sequence-level ratio variance",
+    6: "§5.4: bf16 rollout log-probs vs recomputed π_old",
+    7: "R2 vs R3 under a bf16 rollout engine",
+    8: "learning rate × depth sweep of all three algorithms",
+    9: "how much of the ratio is routing, against policy lag",
+    10: "train–inference corrections (TIS, MIS, IcePop) beside the bypass and R3",
+    11: "300 steps under a bf16 rollout engine: collapse, and claims 4 and 2",
+}
+
+
+def _g(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}g}".replace("-", "−")
+
+
+def _estimate(e: dict) -> str:
+    half = "" if e["half_width"] is None else f" ±{_g(e['half_width'], 2)}"
+    return f"{_g(e['mean'])}{half}"
+
+
+def _claim(r: dict) -> str:
+    """One report row in a few words: its judged estimates (mean ±half-width) and its verdict."""
+    shown = "; ".join(f"{e['name']} {_estimate(e)}" for e in r["estimates"][:2])
+    return f"row {r['claim']}: {shown + ' → ' if shown else ''}**{r['verdict']}**"
+
+
+def report_records(results: Path) -> dict[int, dict]:
+    return {r["claim"]: r for r in json.loads((results / "REPORT.json").read_text())}
+
+
+def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]:
+    """Per figure: its shipped runs, their median wall time (minutes, start to end as MLflow recorded it) and the
+    CPU they were drawn on (the vector extensions its `provenance.cpu_flags` name)."""
+    from gspo_study.study import figure_configs, figures, parse_seeds
+    from gspo_study.tracking import run_key
+
+    runs = pd.read_parquet(results / "study-runs.parquet")
+    tags = runs.tags.map(dict)
+    runs["key"] = tags.map(lambda t: t.get("run_key"))
+    runs["flags"] = tags.map(lambda t: t.get("provenance.cpu_flags", ""))
+    runs["minutes"] = (runs.end_time - runs.start_time) / 60_000
+    out = {}
+    for name in figures():
+        n = int(name.removeprefix("figure-"))
+        keys = {run_key(cfg) for _, cfg in figure_configs(n, scale, parse_seeds(None, scale, n))}
+        mine = runs[runs.key.isin(keys)]
+        if len(mine):
+            flags = " ".join(mine.flags.unique())
+            cpu = "AVX-512-BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+            out[n] = (len(mine), float(mine.minutes.median()), cpu)
+    return out
+
+
+def _figure_1(results: Path, records: dict[int, dict], walls: dict) -> str:
+    f = pd.read_csv(results / "figure-1.csv")
+    p = f[(f.panel == "b") & (f.kind == "curve")]
+    start, last = p.step.min(), p.step.max()
+    at = {s: p[(p.series == s) & (p.step == last)].iloc[0] for s in ("GSPO", "GRPO + R2")}
+    cold = p[p.step == start]["mean"].mean()  # every arm's step 0 is the same cold start
+    runs, minutes, cpu = walls[1]
+    seeds = int(at["GSPO"].n_seeds)
+    d = records[2]["estimates"][0]
+    return (
+        f"Figure 1 at the CPU scale ({seeds} seeds, {last} steps from a cold start at held-out pass@1 {_g(cold)}): "
+        f"at step {last} GSPO reaches {_g(at['GSPO']['mean'])} [{_g(at['GSPO'].lower)}, {_g(at['GSPO'].upper)}] "
+        f"and GRPO + R2 {_g(at['GRPO + R2']['mean'])} [{_g(at['GRPO + R2'].lower)}, {_g(at['GRPO + R2'].upper)}]; "
+        f"Δ final pass@1 {_estimate(d)} (95 % half-width), **{records[2]['verdict']}** (REPORT.md row 2). "
+        f"Its {runs} runs took {minutes:.0f} min each (median) on a 2-core {cpu} EPYC at 1 thread, 2 at a time.\n"
+    )
+
+
+def _results_table(records: dict[int, dict], walls: dict) -> str:
+    lines = ["| figure | what it shows | result at the CPU scale (mean ±95 % half-width) | runs, min each |",
+             "|---|---|---|---|"]  # fmt: skip
+    for n, claims in FIGURE_CLAIMS.items():
+        shown = "; ".join(_claim(records[c]) for c in claims if c in records) or "a view; no claim of its own"
+        runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
+        lines.append(
+            f"| [{n}](results/cpu/figure-{n}.png) | {WHAT[n]} | {shown} | {runs}, {minutes:.0f} ({cpu}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _claims_list(records: dict[int, dict]) -> str:
+    return "".join(f"{n}. {r['text']} — **{r['verdict']}**\n" for n, r in sorted(records.items()))
+
+
+def blocks(scale: str = "cpu") -> dict[str, str]:
+    results = ROOT / "results" / scale
+    records = report_records(results)
+    walls = wall_minutes(results, scale)
+    return {"figure-1": _figure_1(results, records, walls), "results": _results_table(records, walls),
+            "claims": _claims_list(records)}  # fmt: skip
+
+
+def rewrite(text: str, found: dict[str, str]) -> str:
+    """`text` with every marked block's body replaced by `found[name]` (a block this script does not write is an
+    error: a typo would otherwise leave a hand-typed block unchecked)."""
+
+    def body(m: re.Match) -> str:
+        if m["name"] not in found:
+            raise KeyError(f"unknown block {m['name']!r}; allowed: {', '.join(found)}")
+        return m.group(1) + found[m["name"]] + m.group(4)
+
+    return BLOCK.sub(body, text)
+
+
+def stale(scale: str = "cpu") -> list[str]:
+    """The documents whose blocks differ from what the results say."""
+    found = blocks(scale)
+    return [str(p.relative_to(ROOT)) for p in DOCS if rewrite(p.read_text(), found) != p.read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", default="cpu")
+    p.add_argument("--check", action="store_true", help="only say which documents are stale (exit 1 if any)")
+    args = p.parse_args(argv)
+    if args.check:
+        bad = stale(args.scale)
+        for path in bad:
+            print(f"stale: {path} (rewrite it with python analysis/readme.py)")
+        return 1 if bad else 0
+    found = blocks(args.scale)
+    for path in DOCS:
+        path.write_text(rewrite(path.read_text(), found))
+        print(path.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
