@@ -5,8 +5,10 @@ A run **collapsed** at step s when either
 - *pass@1*: its held-out pass@1 falls below the cold start's (step 0) by more than `PASS_MARGIN` at an evaluation
   s and stays there at every later evaluation (so it ends below the cold start); or
 - *reward*: its training reward, smoothed by a trailing mean over `WINDOW` steps, first gained at least `MIN_GAIN`
-  over its start, then lost at least `LOSS_SHARE` of that gain from its running peak at step s, and never climbed
-  back above that line afterwards (peak − LOSS_SHARE · gain) — a crash that does not recover.
+  over its start (the mean of its first `WINDOW` steps), then lost at least `LOSS_SHARE` of that gain from its
+  running peak at step s, and never climbed back above that line afterwards (peak − LOSS_SHARE · gain), for at
+  least `PERSIST` steps — a crash that does not recover. A loss in a run's last `PERSIST` steps is censored: it
+  cannot be told from a noisy plateau's last dip (seen at seed 4 of figure 11, docs/LOG.md 2026-12-02).
 The collapse step is the earlier of the two. A noisy plateau, a dip that recovers and a run that never learned do
 not count. Pure functions over (step, value) arrays; `tests/test_collapse.py` builds curves that must and must not
 trip each rule.
@@ -22,6 +24,7 @@ PASS_MARGIN = 0.05  # pass@1 below the cold start by more than this (≈ 2 stand
 WINDOW = 10  # steps of the trailing mean that smooths the training reward
 MIN_GAIN = 0.05  # the smoothed reward must first have gained this much for a loss of it to mean anything
 LOSS_SHARE = 0.5  # share of the gain lost from the running peak
+PERSIST = 25  # steps the loss must last (a dip in the last PERSIST steps is not a collapse)
 
 
 @dataclass(frozen=True)
@@ -56,18 +59,18 @@ def pass_collapse(steps, values, margin: float = PASS_MARGIN) -> int | None:
 
 
 def reward_collapse(steps, values, window: int = WINDOW, min_gain: float = MIN_GAIN,
-                    loss_share: float = LOSS_SHARE) -> int | None:  # fmt: skip
+                    loss_share: float = LOSS_SHARE, persist: int = PERSIST) -> int | None:  # fmt: skip
     """The step at which the smoothed reward lost `loss_share` of its gain from its running peak without climbing
     back above that line, or None."""
     steps = np.asarray(steps)
     s = smooth(values, window)
     if len(s) == 0:
         return None
-    start = s[0]
+    start = s[min(window, len(s)) - 1]  # the first full window's mean, not one step's reward
     peak = np.maximum.accumulate(s)
     gain = peak - start
     line = peak - loss_share * gain
-    for i in range(len(s)):
+    for i in range(len(s) - persist):
         if gain[i] >= min_gain and s[i] < line[i] and (s[i:] <= line[i]).all():
             return int(steps[i])
     return None

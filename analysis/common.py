@@ -243,13 +243,29 @@ class Panel:
     logx: bool = False
 
 
-def _colors(study: Study) -> dict[str, tuple]:
+# One colour per arm in every figure: the algorithm family sets the hue, a run's variant (engine precision,
+# correction) a lighter shade of it, so GRPO + R2 is the same orange in figures 1, 3, 10 and 11.
+FAMILIES = ("gspo", "grpo_r2", "grpo", "grpo_r3", "sapo", "gmpo", "cispo", "gspo_token")
+VARIANTS = ("", "_bf16_recompute", "_bf16", "_bf16_rollout", "_bf16_tis", "_bf16_mis", "_bf16_icepop")
+
+
+def arm_color(run: str) -> tuple[float, float, float]:
+    """The colour of run file `run`: its family's colour of seaborn's colorblind palette, mixed toward white by
+    its variant's place in VARIANTS (other runs: the palette's grey)."""
     import seaborn as sns
 
-    names = study.names()
-    # the colorblind palette has 10 colours and then repeats them: more runs get tab20's
-    palette = "colorblind" if len(names) <= 10 else "tab20"
-    return dict(zip(names, sns.color_palette(palette, max(len(names), 3))))
+    palette = sns.color_palette("colorblind", 10)
+    family = max((f for f in FAMILIES if run == f or run.startswith(f + "_")), key=len, default=None)
+    if family is None:
+        return palette[7]
+    rest = run.removeprefix(family)
+    shade = VARIANTS.index(rest) if rest in VARIANTS else len(VARIANTS)
+    base = palette[[0, 1, 2, 4, 6, 5, 9, 8][FAMILIES.index(family)]]
+    return tuple(c + (1 - c) * 0.11 * shade for c in base)
+
+
+def _colors(study: Study) -> dict[str, tuple]:
+    return {name: arm_color(name) for name in study.names()}
 
 
 def _draw_curves(ax, rows: pd.DataFrame, colors) -> None:
@@ -312,7 +328,7 @@ def draw(study: Study, figure: int, title: str, panels: list[Panel]):
 
     sns.set_theme(style="whitegrid", context="paper")
     colors = _colors(study)
-    ncols = 2 if len(panels) == 4 else len(panels)  # four panels read better as a 2 × 2 grid
+    ncols = 2 if len(panels) == 4 else min(len(panels), 3)  # rows of at most 3: a page's width
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows), squeeze=False)
     shared = {}  # label → handle of bar panels with many series: one legend under the figure, not on the bars

@@ -63,6 +63,12 @@ def report_records(results: Path) -> dict[int, dict]:
     return {r["claim"]: r for r in json.loads((results / "REPORT.json").read_text())}
 
 
+def _vector(flags: str) -> str:
+    """The widest vector extension family a run's `provenance.cpu_flags` name."""
+    names = flags.split()
+    return "AVX-512-BF16" if "avx512_bf16" in names else "AVX-512" if "avx512f" in names else "AVX2"
+
+
 def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]:
     """Per figure: its shipped runs, their median wall time (minutes, start to end as MLflow recorded it) and the
     CPU they were drawn on (the vector extensions its `provenance.cpu_flags` name)."""
@@ -72,7 +78,7 @@ def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]
     runs = pd.read_parquet(results / "study-runs.parquet")
     tags = runs.tags.map(dict)
     runs["key"] = tags.map(lambda t: t.get("run_key"))
-    runs["flags"] = tags.map(lambda t: t.get("provenance.cpu_flags", ""))
+    runs["cpu_flags"] = tags.map(lambda t: t.get("provenance.cpu_flags", ""))
     runs["minutes"] = (runs.end_time - runs.start_time) / 60_000
     out = {}
     for name in figures():
@@ -80,8 +86,7 @@ def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]
         keys = {run_key(cfg) for _, cfg in figure_configs(n, scale, parse_seeds(None, scale, n))}
         mine = runs[runs.key.isin(keys)]
         if len(mine):
-            flags = " ".join(mine.flags.unique())
-            cpu = "AVX-512-BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+            cpu = " + ".join(sorted({_vector(f) for f in mine.cpu_flags}, reverse=True))
             out[n] = (len(mine), float(mine.minutes.median()), cpu)
     return out
 

@@ -540,7 +540,10 @@ def _collapse(study: Study):
     if "grpo" not in counts:
         return _runs_found(study) + "none of GRPO without replay", Verdict.INCONCLUSIVE
     k, n = counts["grpo"]
-    return _runs_found(study) + "; ".join(texts), collapse_verdict(k, n, counts.get("grpo_r2", (0, 0))[0])
+    v = collapse_verdict(k, n, counts.get("grpo_r2", (0, 0))[0])
+    shares = tuple(Estimate(f"{label(LONG_ARMS[arm])}: share of runs collapsed", kk / nn, math.nan, math.nan, nn, v,
+                            unit="") for arm, (kk, nn) in counts.items())  # fmt: skip
+    return Result(_runs_found(study) + "; ".join(texts), v, shares)
 
 
 def collapse_verdict(k: int, n: int, k_r2: int) -> Verdict:

@@ -6,7 +6,9 @@ it, but the suite sets it too (`tracking.TRAINING_EXPERIMENT`). Metric charts ar
 `compareRunsMode=CHART` (`#/experiments/<id>/chart` is a 404). Training runs carry a `run_key` tag and analysis
 runs (`figure-N`, `report`, whose artifacts are the drawn figures) an `analysis_key` tag, so each page is
 given a saved filter (`searchFilter`) that shows one kind: the runs table and the charts show the training
-runs only, a third page the figure and report runs.
+runs only, a third page the figure and report runs. Each figure gets a page of its own runs: `make mlflow-ui` tags
+every training run with the figures that use it (`figures` = `,1,3,`, from experiments/figures.yaml at each
+figure's seeds), and the page filters on it.
 
 The charts page lays out one chart per metric, sections in name order (`compute/`, `correction/`, `eval/`, …), so
 with the CPU study's ~100 metrics held-out pass@1 is below the first screen. A fourth page lands on it: MLflow's
@@ -35,6 +37,31 @@ def page(base: str, exp_id: str, search: str, charts: bool = False, view: str | 
     chosen = {"viewStateShareKey": view} if view else {"searchFilter": search}
     query = {**chosen, **({"compareRunsMode": "CHART"} if charts else {}), **MODE}
     return f"{base.rstrip('/')}/#/experiments/{exp_id}/runs?{urlencode(query, quote_via=quote)}"
+
+
+def figure_filter(figure: int) -> str:
+    return f"tags.figures LIKE '%,{figure},%'"
+
+
+def tag_figures(client, exp_id: str, scale: str) -> list[int]:
+    """Tag every training run of the experiment with the figures of `scale` that use it (`figures` = `,1,3,`);
+    returns the figures that have a run here."""
+    from gspo_study.study import figure_configs, figures, parse_seeds
+    from gspo_study.tracking import run_key
+
+    uses: dict[str, list[int]] = {}
+    for name in figures():
+        n = int(name.removeprefix("figure-"))
+        for _, cfg in figure_configs(n, scale, parse_seeds(None, scale, n)):
+            uses.setdefault(run_key(cfg), []).append(n)
+    found = set()
+    for run in client.search_runs([exp_id], TRAINING_RUNS, max_results=50_000):
+        mine = sorted(set(uses.get(run.data.tags.get("run_key"), [])))
+        found.update(mine)
+        value = "," + ",".join(map(str, mine)) + "," if mine else ""
+        if mine and run.data.tags.get("figures") != value:
+            _retry(client.set_tag, run.info.run_id, "figures", value)
+    return sorted(found)
 
 
 def study_pages(uri: str, base: str) -> list[dict[str, str]]:
@@ -69,9 +96,21 @@ def study_pages(uri: str, base: str) -> list[dict[str, str]]:
                 "charts": page(base, exp.experiment_id, TRAINING_RUNS, charts=True),
                 "pass_at_1": page(base, exp.experiment_id, TRAINING_RUNS, charts=True, view=PASS_AT_1_VIEW),
                 "figures": page(base, exp.experiment_id, ANALYSIS_RUNS),
+                **{
+                    f"figure {n}": page(base, exp.experiment_id, figure_filter(n))
+                    for n in _figures_of(client, exp)
+                },
             }
         )
     return out
+
+
+def _figures_of(client, exp) -> list[int]:
+    """The figures with runs in a study experiment (`study-<scale>`), after tagging its runs with them."""
+    from gspo_study.study import DEFAULT_SEEDS
+
+    scale = exp.name.removeprefix("study-")
+    return tag_figures(client, exp.experiment_id, scale) if scale in DEFAULT_SEEDS else []
 
 
 def describe(pages: list[dict[str, str]], uri: str) -> str:
@@ -89,5 +128,6 @@ def describe(pages: list[dict[str, str]], uri: str) -> str:
             f"    metric charts:       {p['charts']}",
             f"    held-out pass@1:     {p['pass_at_1']}",
             f"    figure/report runs:  {p['figures']}",
+            *(f"    {k + ' runs:':<21}{v}" for k, v in p.items() if k.startswith("figure ")),
         ]
     return "\n".join(lines)

@@ -59,3 +59,18 @@ def test_the_earlier_rule_wins():
     c = collapse(steps, noisy(np.full(300, 0.5)), [0, 100, 200, 300], [0.5, 0.6, 0.2, 0.1])
     assert (c.step, c.rule) == (200, "pass@1")
     assert not collapse(steps, noisy(np.full(300, 0.5)), [0, 300], [0.5, 0.55]).collapsed
+
+
+def test_a_last_dip_of_a_noisy_plateau_is_censored():
+    """Figure 11's seed 4 (both GRPO arms): a small gain, then the smoothed reward sagging under the loss line in
+    the run's last 9 steps — a plateau's noise, not a crash; the same sag lasting PERSIST steps is one."""
+    from analysis.collapse import PERSIST
+
+    steps = np.arange(1, 301)
+    curve = np.where(steps <= 180, 0.62 + 0.1 * steps / 180, 0.7)
+    late = curve.copy()
+    late[291:] = 0.6
+    assert reward_collapse(steps, noisy(late, sd=0.005)) is None
+    lasting = curve.copy()
+    lasting[300 - PERSIST - 5 :] = 0.6
+    assert reward_collapse(steps, noisy(lasting, sd=0.005)) is not None

@@ -121,6 +121,10 @@ def test_make_mlflow_ui_prints_working_training_pages(ui):
     drawn = dom(browser, figures, root / "profile-figures", ("figure-1",))
     assert "figure-1" in drawn and "gspo-nr-s1" not in drawn
 
+    # a figure's own page: its runs only (tagged `figures` by `make mlflow-ui`)
+    own = dom(browser, printed(text, "figure 1 runs"), root / "profile-figure-1", ("gspo-nr-s1",))
+    assert "gspo-nr-s1" in own and "grpo-r2-s1" in own and "figure-1" not in own
+
 
 def test_mlflow_urls_of_an_empty_or_unreachable_store(tmp_path, capsys):
     """No study runs yet: a line saying how to get some; a server that is not there: a one-line error (exit 2)."""

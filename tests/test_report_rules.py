@@ -131,7 +131,7 @@ def test_sweep_pools_by_seed_and_sets_collapsed_cells_apart():
     orig = report.sweep_table
     report.sweep_table = lambda s: pd.DataFrame(rows)
     try:
-        text, v = report._sweep(Fake())
+        text, v, _ = report._sweep(Fake())
     finally:
         report.sweep_table = orig
     assert "every algorithm collapses at B" in text and "mean over 1 cells" in text and "(n=3)" in text

@@ -1,0 +1,55 @@
+"""README.md and docs/FIGURES.md quote the shipped study, never typed-in numbers: their marked blocks are what
+analysis/readme.py writes from results/cpu (REPORT.json, the figure CSVs, the shipped runs' timings), README's
+prose outside them holds no result number, and the README stays a five-minute read."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from analysis import readme
+
+README = readme.ROOT / "README.md"
+NUMBER = re.compile(r"(?<![\w.])[−-]?\d+(?:\.\d+)?\s?(?:%|×)|(?<![\w.])[−-]?\d*\.\d+(?![\w.])")
+ALLOWED = {"2507.18071", "95 %"}  # the paper's arXiv id; the intervals' level
+
+
+def _prose(text: str) -> str:
+    """`text` without its marked blocks, code fences and inline code (commands may hold numbers)."""
+    text = readme.BLOCK.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"`[^`]*`", "", text)
+
+
+def test_blocks_are_what_the_shipped_results_say():
+    assert readme.stale() == [], "run: python analysis/readme.py"
+    found = readme.blocks()
+    for path in readme.DOCS:
+        names = {m["name"] for m in readme.BLOCK.finditer(path.read_text())}
+        assert names and names <= found.keys(), path
+
+
+def test_a_changed_number_is_caught():
+    text = README.read_text()
+    found = readme.blocks()
+    assert readme.rewrite(text, found) == text
+    bumped = {k: v.replace("0.", "0.9", 1) for k, v in found.items()}
+    assert readme.rewrite(text, bumped) != text  # a redraw that moves a number makes the README stale
+    with pytest.raises(KeyError, match="unknown block 'typo'"):
+        readme.rewrite("<!-- BEGIN typo -->\nx\n<!-- END typo -->", found)
+
+
+def test_readme_prose_holds_no_result_number():
+    numbers = set(NUMBER.findall(_prose(README.read_text()))) - ALLOWED
+    assert not numbers, f"numbers typed into README.md outside its written blocks: {sorted(numbers)}"
+
+
+def test_readme_is_a_five_minute_read():
+    text = README.read_text()
+    prose = _prose(text)
+    words = len(re.findall(r"\w+", readme.BLOCK.sub("", text)))
+    assert len(text.splitlines()) <= 150 and words <= 1500, (len(text.splitlines()), words)
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", prose)) if s.strip()]
+    assert max(len(s.split()) for s in sentences) <= 60
+    assert not re.search(r"issue \d+|part \([a-z]\)|this machine", text)
