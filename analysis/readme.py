@@ -28,7 +28,7 @@ BLOCK = re.compile(r"(<!-- BEGIN (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END (
 
 # Which report rows each figure's line quotes (figure 5 is a view with no claim of its own).
 FIGURE_CLAIMS = {1: (1, 2), 2: (3,), 3: (4,), 4: (5,), 5: (), 6: (6,), 7: (12,), 8: (7,), 9: (8, 9), 10: (11, 12),
-                 11: (13, 14, 15)}  # fmt: skip
+                 11: (13, 14, 15), 12: ()}  # fmt: skip
 WHAT = {
     1: "GSPO vs GRPO + R2: reward and held-out pass@1 over training",
     2: "clipped-token fraction, and per minibatch",
@@ -41,7 +41,9 @@ WHAT = {
     9: "how much of the ratio is routing, against policy lag",
     10: "train–inference corrections (TIS, MIS, IcePop) beside the bypass and R3",
     11: "300 steps under a bf16 rollout engine: collapse, and claims 4 and 2",
+    12: "figure 11 at 8 minibatches per rollout batch (GRPO with and without R2)",
 }
+NO_CLAIM = {5: "a view; no claim of its own", 12: "a probe at one seed: no interval, no verdict (docs/LOG.md)"}
 
 
 def _g(x: float | None, digits: int = 3) -> str:
@@ -113,7 +115,7 @@ def _results_table(records: dict[int, dict], walls: dict) -> str:
     lines = ["| figure | what it shows | result at the CPU scale (mean ±95 % half-width) | runs, min each |",
              "|---|---|---|---|"]  # fmt: skip
     for n, claims in FIGURE_CLAIMS.items():
-        shown = "; ".join(_claim(records[c]) for c in claims if c in records) or "a view; no claim of its own"
+        shown = "; ".join(_claim(records[c]) for c in claims if c in records) or NO_CLAIM[n]
         runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
         lines.append(
             f"| [{n}](results/cpu/figure-{n}.png) | {WHAT[n]} | {shown} | {runs}, {minutes:.0f} ({cpu}) |"
@@ -145,9 +147,9 @@ def rewrite(text: str, found: dict[str, str]) -> str:
     return BLOCK.sub(body, text)
 
 
-def stale(scale: str = "cpu") -> list[str]:
-    """The documents whose blocks differ from what the results say."""
-    found = blocks(scale)
+def stale(scale: str = "cpu", found: dict[str, str] | None = None) -> list[str]:
+    """The documents whose blocks differ from what the results say (`found`: the blocks, if already written)."""
+    found = blocks(scale) if found is None else found
     return [str(p.relative_to(ROOT)) for p in DOCS if rewrite(p.read_text(), found) != p.read_text()]
 
 
