@@ -43,7 +43,10 @@ WHAT = {
     11: "300 steps under a bf16 rollout engine: collapse, and claims 4 and 2",
     12: "figure 11 at 8 minibatches per rollout batch (GRPO with and without R2)",
 }
-NO_CLAIM = {5: "a view; no claim of its own", 12: "a probe at one seed: no interval, no verdict (docs/LOG.md)"}
+NO_CLAIM = {
+    5: "a view; no claim of its own",
+    12: "a probe at one seed: no interval, no verdict (docs/LOG.md)",
+}
 
 
 def _g(x: float | None, digits: int = 3) -> str:

@@ -207,7 +207,15 @@ def test_report_one_row_per_claim(study):
     assert len(table) == len(report.CLAIMS)
     assert "seeds: 1, 2" in text and "git commit(s) of the runs:" in text and "date:" in text
     verdicts = [line.rstrip(" |").rsplit("| ", 1)[1] for line in table]
-    allowed = {"reproduces", "not reproduced", "underpowered", "inconclusive", "consistent", "measured", "not run"}
+    allowed = {
+        "reproduces",
+        "not reproduced",
+        "underpowered",
+        "inconclusive",
+        "consistent",
+        "measured",
+        "not run",
+    }
     assert set(verdicts) <= allowed and verdicts[0] != "not run"
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     pairs = [(n, run_config("smoke", n, s, overrides)) for n in ("gspo",) for s in SEEDS]
