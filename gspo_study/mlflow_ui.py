@@ -44,21 +44,22 @@ def figure_filter(figure: int) -> str:
 
 
 def tag_figures(client, exp_id: str, scale: str) -> list[int]:
-    """Tag every training run of the experiment with the figures of `scale` that use it (`figures` = `,1,3,`);
-    returns the figures that have a run here."""
+    """Tag every training run of the experiment with the figures of `scale` that use it (`figures` = `,1,3,`),
+    matched by run name (`tracking.run_name`: run file, seed and what sets the run apart, so a store trained with
+    its own cold start or results dir matches too); returns the figures that have a run here."""
     from gspo_study.study import figure_configs, figures, parse_seeds
-    from gspo_study.tracking import run_key
+    from gspo_study.tracking import run_name
 
-    uses: dict[str, list[int]] = {}
+    uses: dict[str, set[int]] = {}
     for name in figures():
         n = int(name.removeprefix("figure-"))
         for _, cfg in figure_configs(n, scale, parse_seeds(None, scale, n)):
-            uses.setdefault(run_key(cfg), []).append(n)
+            uses.setdefault(run_name(cfg), set()).add(n)
     found = set()
     for run in client.search_runs([exp_id], TRAINING_RUNS, max_results=50_000):
-        mine = sorted(set(uses.get(run.data.tags.get("run_key"), [])))
+        mine = sorted(uses.get(run.info.run_name, ()))
         found.update(mine)
-        value = "," + ",".join(map(str, mine)) + "," if mine else ""
+        value = "," + ",".join(map(str, mine)) + ","
         if mine and run.data.tags.get("figures") != value:
             _retry(client.set_tag, run.info.run_id, "figures", value)
     return sorted(found)
