@@ -58,8 +58,14 @@ def pass_collapse(steps, values, margin: float = PASS_MARGIN) -> int | None:
     return int(steps[last_above + 1])
 
 
-def reward_collapse(steps, values, window: int = WINDOW, min_gain: float = MIN_GAIN,
-                    loss_share: float = LOSS_SHARE, persist: int = PERSIST) -> int | None:  # fmt: skip
+def reward_collapse(
+    steps,
+    values,
+    window: int = WINDOW,
+    min_gain: float = MIN_GAIN,
+    loss_share: float = LOSS_SHARE,
+    persist: int = PERSIST,
+) -> int | None:
     """The step at which the smoothed reward lost `loss_share` of its gain from its running peak without climbing
     back above that line, or None."""
     steps = np.asarray(steps)
@@ -78,8 +84,11 @@ def reward_collapse(steps, values, window: int = WINDOW, min_gain: float = MIN_G
 
 def collapse(reward_steps, reward, pass_steps, pass1) -> Collapse:
     """Both rules on one run's curves; the earlier collapse step wins."""
-    found = [(s, rule) for s, rule in ((pass_collapse(pass_steps, pass1), "pass@1"),
-                                       (reward_collapse(reward_steps, reward), "reward")) if s is not None]  # fmt: skip
+    found = [
+        (s, rule)
+        for s, rule in ((pass_collapse(pass_steps, pass1), "pass@1"), (reward_collapse(reward_steps, reward), "reward"))
+        if s is not None
+    ]
     if not found:
         return Collapse(None, "")
     step, rule = min(found)

@@ -50,7 +50,7 @@ LABELS = {
         f"{run}_bf16_{c}": f"{name}, bf16 rollout, {what}"
         for run, name in (("gspo", "GSPO"), ("grpo_r2", "GRPO + R2"))
         for c, what in (("tis", "token TIS"), ("mis", "sequence MIS"), ("icepop", "IcePop"))
-    },  # fmt: skip
+    },
 }
 
 
@@ -190,9 +190,21 @@ def curves(study: Study, metric: str, panel: str) -> pd.DataFrame:
             mean, lo, hi, n = mean_ci(g.value)
             x = float(g.flops.mean()) if study.x == "compute" else float(step)
             rows.append(
-                csv_row(panel=panel, kind="curve", series=label(run), run=run, metric=metric,
-                     x_name=X_NAMES[study.x], x=x, step=step, mean=mean, lower=lo, upper=hi, n_seeds=n)
-            )  # fmt: skip
+                csv_row(
+                    panel=panel,
+                    kind="curve",
+                    series=label(run),
+                    run=run,
+                    metric=metric,
+                    x_name=X_NAMES[study.x],
+                    x=x,
+                    step=step,
+                    mean=mean,
+                    lower=lo,
+                    upper=hi,
+                    n_seeds=n,
+                )
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -206,9 +218,20 @@ def bars(study: Study, metrics: dict[float, str], panel: str, x_name: str) -> pd
                 continue
             mean, lo, hi, n = mean_ci(f.groupby("seed").value.mean())
             rows.append(
-                csv_row(panel=panel, kind="bar", series=label(run), run=run, metric=metric, x_name=x_name,
-                     x=x, mean=mean, lower=lo, upper=hi, n_seeds=n)
-            )  # fmt: skip
+                csv_row(
+                    panel=panel,
+                    kind="bar",
+                    series=label(run),
+                    run=run,
+                    metric=metric,
+                    x_name=x_name,
+                    x=x,
+                    mean=mean,
+                    lower=lo,
+                    upper=hi,
+                    n_seeds=n,
+                )
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -218,17 +241,29 @@ def points(study: Study, metric: str, x_metric: str, panel: str) -> pd.DataFrame
     x = study.values(x_metric).set_index(["run", "seed", "step"]).value
     both = pd.concat({"x": x, "y": y}, axis=1).dropna().reset_index()
     rows = [
-        csv_row(panel=panel, kind="point", series=label(r.run), run=r.run, metric=metric, x_name=x_metric,
-             x=r.x, step=r.step, seed=r.seed, mean=r.y, n_seeds=1)
+        csv_row(
+            panel=panel,
+            kind="point",
+            series=label(r.run),
+            run=r.run,
+            metric=metric,
+            x_name=x_metric,
+            x=r.x,
+            step=r.step,
+            seed=r.seed,
+            mean=r.y,
+            n_seeds=1,
+        )
         for r in both.itertuples()
-    ]  # fmt: skip
+    ]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def reference(value: float, what: str, metric: str, panel: str, run: str = "") -> pd.DataFrame:
     """A horizontal line at one of the paper's reported values."""
-    line = csv_row(panel=panel, kind="reference", series=f"paper: {what}", run=run, metric=metric, x_name="",
-               mean=value, n_seeds=0)  # fmt: skip
+    line = csv_row(
+        panel=panel, kind="reference", series=f"paper: {what}", run=run, metric=metric, x_name="", mean=value, n_seeds=0
+    )
     return pd.DataFrame([line], columns=COLUMNS)
 
 
@@ -287,8 +322,7 @@ def _draw_bars(ax, rows: pd.DataFrame, colors) -> None:
             pos = i + (j - (len(g) - 1) / 2) * width
             err = None if math.isnan(r.lower) else [[r.mean - r.lower], [r.upper - r.mean]]
             seen = r.series in ax.get_legend_handles_labels()[1]
-            ax.bar(pos, r.mean, width, yerr=err, capsize=3, color=colors.get(r.run),
-                   label=None if seen else r.series)  # fmt: skip
+            ax.bar(pos, r.mean, width, yerr=err, capsize=3, color=colors.get(r.run), label=None if seen else r.series)
     ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs] if len(xs) > 1 else [""])
 
 
@@ -300,9 +334,7 @@ def _draw_points(ax, rows: pd.DataFrame, colors) -> None:
         for r in g.itertuples():  # sweep points: say which cell each is
             if isinstance(r.cell, str) and r.cell:
                 short = r.cell.replace("train.lr=", "lr ").replace("model.num_hidden_layers=", "L")
-                ax.annotate(
-                    short, (r.x, r.mean), fontsize=5, alpha=0.7, xytext=(2, 2), textcoords="offset points"
-                )
+                ax.annotate(short, (r.x, r.mean), fontsize=5, alpha=0.7, xytext=(2, 2), textcoords="offset points")
         if g.lower.notna().any():  # seed-aggregated points carry their interval
             err = [(g["mean"] - g.lower).fillna(0), (g.upper - g["mean"]).fillna(0)]
             ax.errorbar(g.x, g["mean"], yerr=err, fmt="none", color=colors.get(run), alpha=0.5, capsize=2)
@@ -310,8 +342,9 @@ def _draw_points(ax, rows: pd.DataFrame, colors) -> None:
 
 def _draw_references(ax, rows: pd.DataFrame, colors) -> None:
     for r in rows.itertuples():
-        ax.axhline(r.mean, color=colors.get(r.run, "grey"), linestyle="--", linewidth=1,
-                   label=f"{r.series} ≈ {r.mean:.3g}")  # fmt: skip
+        ax.axhline(
+            r.mean, color=colors.get(r.run, "grey"), linestyle="--", linewidth=1, label=f"{r.series} ≈ {r.mean:.3g}"
+        )
 
 
 MAX_BAR_LEGEND = 4  # a bar panel with more series than this shares one legend under the figure
@@ -345,8 +378,15 @@ def draw(study: Study, figure: int, title: str, panels: list[Panel]):
             zero = p.rows[(p.rows["kind"] != "reference") & (p.rows["mean"] <= 0)]
             if len(zero):  # a log axis cannot draw them: say so rather than leave a gap
                 where = sorted({f"{r.series} at {r.x_name} {r.x:g}" for r in zero.itertuples()})
-                ax.text(0.02, 0.02, "not drawn, value 0: " + "; ".join(where), transform=ax.transAxes,
-                        fontsize=6, va="bottom", wrap=True)  # fmt: skip
+                ax.text(
+                    0.02,
+                    0.02,
+                    "not drawn, value 0: " + "; ".join(where),
+                    transform=ax.transAxes,
+                    fontsize=6,
+                    va="bottom",
+                    wrap=True,
+                )
         if p.logx:
             ax.set_xscale("log")
         if set(p.rows["kind"]) == {"bar"} and p.rows.series.nunique() > MAX_BAR_LEGEND:
@@ -395,8 +435,12 @@ def log_outputs(study: Study, name: str, tags: dict[str, str], paths: list[Path]
     found = client.search_runs([exp_id], f"tags.analysis_key = '{key}'", max_results=1)
     rid = found[0].info.run_id if found else None
     if rid is None:
-        all_tags = {**tags, "analysis_key": key, "source_run_ids": sources,
-                    "mlflow.note.content": f"{name}: drawn by analysis/ from runs {sources}"}  # fmt: skip
+        all_tags = {
+            **tags,
+            "analysis_key": key,
+            "source_run_ids": sources,
+            "mlflow.note.content": f"{name}: drawn by analysis/ from runs {sources}",
+        }
         rid = client.create_run(exp_id, run_name=name, tags=all_tags).info.run_id
     for path in paths:
         client.log_artifact(rid, str(path))

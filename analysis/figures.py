@@ -125,9 +125,19 @@ def sweep_table(s: Study) -> pd.DataFrame:
         p = f[f.metric == PASS1].sort_values("step")
         vol = f[f.metric == f"{VOL}/overall"].value
         cell = f"train.lr={r.cfg.train.lr:g} model.num_hidden_layers={depth(r.cfg)}"
-        rows.append(dict(run=r.run, seed=r.seed, lr=r.cfg.train.lr, depth=depth(r.cfg), cell=cell,
-                         start=p.value.iat[0], final=p.value.iat[-1], final_step=p.step.iat[-1],
-                         vol=vol.mean()))  # fmt: skip
+        rows.append(
+            dict(
+                run=r.run,
+                seed=r.seed,
+                lr=r.cfg.train.lr,
+                depth=depth(r.cfg),
+                cell=cell,
+                start=p.value.iat[0],
+                final=p.value.iat[-1],
+                final_step=p.step.iat[-1],
+                vol=vol.mean(),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -139,30 +149,83 @@ def figure_8(s: Study) -> list[Panel]:
         rows = []
         for (run, lr), g in at_depth.groupby(["run", "lr"], sort=False):
             mean, lo, hi, n = mean_ci(g.final)
-            rows.append(csv_row(panel=panel, kind="curve", series=label(run), run=run, metric=PASS1,
-                             x_name="train.lr", x=lr, step=g.final_step.max(), mean=mean, lower=lo, upper=hi,
-                             n_seeds=n, cell=g.cell.iat[0]))  # fmt: skip
-        cold = csv_row(panel=panel, kind="reference", series="cold start (step 0)", metric=PASS1, x_name="",
-                    mean=float(at_depth.start.mean()), n_seeds=0, cell=f"model.num_hidden_layers={d}")  # fmt: skip
+            rows.append(
+                csv_row(
+                    panel=panel,
+                    kind="curve",
+                    series=label(run),
+                    run=run,
+                    metric=PASS1,
+                    x_name="train.lr",
+                    x=lr,
+                    step=g.final_step.max(),
+                    mean=mean,
+                    lower=lo,
+                    upper=hi,
+                    n_seeds=n,
+                    cell=g.cell.iat[0],
+                )
+            )
+        cold = csv_row(
+            panel=panel,
+            kind="reference",
+            series="cold start (step 0)",
+            metric=PASS1,
+            x_name="",
+            mean=float(at_depth.start.mean()),
+            n_seeds=0,
+            cell=f"model.num_hidden_layers={d}",
+        )
         rows.append(cold)
-        panels.append(Panel(pd.DataFrame(rows), f"({panel}) {d} layers: final held-out pass@1",
-                            "mean pass@1", "learning rate", logx=True))  # fmt: skip
+        panels.append(
+            Panel(
+                pd.DataFrame(rows),
+                f"({panel}) {d} layers: final held-out pass@1",
+                "mean pass@1",
+                "learning rate",
+                logx=True,
+            )
+        )
     panel, rows = next(letters), []
     for (run, cell), g in t.groupby(["run", "cell"], sort=False):
         mean, lo, hi, n = mean_ci(g.final - g.start)
-        rows.append(csv_row(panel=panel, kind="point", series=label(run), run=run, metric=f"{PASS1} change",
-                         x_name=f"{VOL}/overall", x=float(g.vol.mean()), step=g.final_step.max(), mean=mean,
-                         lower=lo, upper=hi, n_seeds=n, cell=cell))  # fmt: skip
-    panels.append(Panel(pd.DataFrame(rows), f"({panel}) pass@1 gain over the cold start vs routing volatility",
-                        "final − cold-start pass@1", "routing volatility (changed expert choices per step)",
-                        logx=True))  # fmt: skip
+        rows.append(
+            csv_row(
+                panel=panel,
+                kind="point",
+                series=label(run),
+                run=run,
+                metric=f"{PASS1} change",
+                x_name=f"{VOL}/overall",
+                x=float(g.vol.mean()),
+                step=g.final_step.max(),
+                mean=mean,
+                lower=lo,
+                upper=hi,
+                n_seeds=n,
+                cell=cell,
+            )
+        )
+    panels.append(
+        Panel(
+            pd.DataFrame(rows),
+            f"({panel}) pass@1 gain over the cold start vs routing volatility",
+            "final − cold-start pass@1",
+            "routing volatility (changed expert choices per step)",
+            logx=True,
+        )
+    )
     return panels
 
 
 ROUTE = "moe/route"  # the routing-share instrument (docs/METRICS.md)
 LAG = "rollout.policy_lag"
-INSTRUMENT = {"share": f"{ROUTE}/var_share", "flip_token": f"{ROUTE}/clip_flip_token",
-              "flip_seq": f"{ROUTE}/clip_flip_seq", "vol": f"{VOL}/overall"}  # fmt: skip
+INSTRUMENT = {
+    "share": f"{ROUTE}/var_share",
+    "flip_token": f"{ROUTE}/clip_flip_token",
+    "flip_seq": f"{ROUTE}/clip_flip_seq",
+    "vol": f"{VOL}/overall",
+}
 
 
 def lag_table(s: Study) -> pd.DataFrame:
@@ -177,9 +240,19 @@ def lag_table(s: Study) -> pd.DataFrame:
         start = r.cfg.train.steps - r.cfg.eval.every if r.cfg.eval.every > 0 else 0
         reward = f[(f.metric == REWARD) & (f.step > start)].value.mean()
         means = {k: f[f.metric == m].value.mean() for k, m in INSTRUMENT.items()}
-        rows.append(dict(run=r.run, seed=r.seed, lag=r.cfg.rollout.policy_lag, cell=f"{LAG}={r.cfg.rollout.policy_lag}",
-                         final=p.value.iat[-1], final_step=p.step.iat[-1], start=p.value.iat[0], reward=reward,
-                         **means))  # fmt: skip
+        rows.append(
+            dict(
+                run=r.run,
+                seed=r.seed,
+                lag=r.cfg.rollout.policy_lag,
+                cell=f"{LAG}={r.cfg.rollout.policy_lag}",
+                final=p.value.iat[-1],
+                final_step=p.step.iat[-1],
+                start=p.value.iat[0],
+                reward=reward,
+                **means,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -195,12 +268,31 @@ def figure_9(s: Study) -> list[Panel]:
                 continue
             d = (t.loc[("grpo", lag)][col] - t.loc[("grpo_r2", lag)][col]).dropna()
             mean, lo, hi, n = mean_ci(d)
-            rows.append(csv_row(panel=panel, kind="point", series="GRPO (no replay) − GRPO + R2", run="grpo",
-                                metric=f"{PASS1 if col == 'final' else REWARD} difference", x_name=INSTRUMENT["share"],
-                                x=float(t.loc[("grpo", lag)].share.mean()), step=int(t.loc[("grpo", lag)].final_step.max()),
-                                mean=mean, lower=lo, upper=hi, n_seeds=n, cell=f"{LAG}={lag}"))  # fmt: skip
-        panels.append(Panel(pd.DataFrame(rows, columns=COLUMNS), f"({panel}) {what}: no replay − R2",
-                            "difference (paired by seed)", "routing's share of Var log-ratio (no replay)"))  # fmt: skip
+            rows.append(
+                csv_row(
+                    panel=panel,
+                    kind="point",
+                    series="GRPO (no replay) − GRPO + R2",
+                    run="grpo",
+                    metric=f"{PASS1 if col == 'final' else REWARD} difference",
+                    x_name=INSTRUMENT["share"],
+                    x=float(t.loc[("grpo", lag)].share.mean()),
+                    step=int(t.loc[("grpo", lag)].final_step.max()),
+                    mean=mean,
+                    lower=lo,
+                    upper=hi,
+                    n_seeds=n,
+                    cell=f"{LAG}={lag}",
+                )
+            )
+        panels.append(
+            Panel(
+                pd.DataFrame(rows, columns=COLUMNS),
+                f"({panel}) {what}: no replay − R2",
+                "difference (paired by seed)",
+                "routing's share of Var log-ratio (no replay)",
+            )
+        )
     for panel, keys, title, ylabel in (
         ("c", ["share"], "(c) routing's share of Var log-ratio", "Var ℓ^route / Var ℓ"),
         ("d", ["flip_token", "flip_seq"], "(d) clip decisions routing flips", "fraction"),
@@ -210,9 +302,22 @@ def figure_9(s: Study) -> list[Panel]:
         for key in keys:
             for (run, lag), g in t.groupby(level=["run", "lag"], sort=False):
                 mean, lo, hi, n = mean_ci(g[key])
-                rows.append(csv_row(panel=panel, kind="curve", series=label(run), run=run, metric=INSTRUMENT[key],
-                                    x_name=LAG, x=float(lag), step=int(g.final_step.max()), mean=mean, lower=lo,
-                                    upper=hi, n_seeds=n))  # fmt: skip
+                rows.append(
+                    csv_row(
+                        panel=panel,
+                        kind="curve",
+                        series=label(run),
+                        run=run,
+                        metric=INSTRUMENT[key],
+                        x_name=LAG,
+                        x=float(lag),
+                        step=int(g.final_step.max()),
+                        mean=mean,
+                        lower=lo,
+                        upper=hi,
+                        n_seeds=n,
+                    )
+                )
         panels.append(Panel(pd.DataFrame(rows, columns=COLUMNS), title, ylabel, "policy lag (steps)"))
     return panels
 
@@ -233,8 +338,21 @@ def finals(s: Study, metric: str, panel: str, last_interval: bool = False) -> pd
             start = r.cfg.train.steps - r.cfg.eval.every if r.cfg.eval.every > 0 else 0
             per_seed.append(f[f.step > start].value.mean() if last_interval else f.value.iat[-1])
         mean, lo, hi, n = mean_ci(per_seed)
-        rows.append(csv_row(panel=panel, kind="bar", series=label(run), run=run, metric=metric, x_name=" ",
-                            x=0, mean=mean, lower=lo, upper=hi, n_seeds=n))  # fmt: skip
+        rows.append(
+            csv_row(
+                panel=panel,
+                kind="bar",
+                series=label(run),
+                run=run,
+                metric=metric,
+                x_name=" ",
+                x=0,
+                mean=mean,
+                lower=lo,
+                upper=hi,
+                n_seeds=n,
+            )
+        )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -281,9 +399,7 @@ def load_figure(figure: int, scale: str, seeds: list[int], overrides=(), x: str 
     if study.missing:
         what = ", ".join(f"{run} seed {seed} ({why})" for run, seed, why in study.missing)
         todo = ",".join(str(s) for s in sorted({seed for _, seed, _ in study.missing}))
-        cmd = " ".join(
-            [f"python -m gspo_study sweep --figure {figure} --scale {scale} --seeds {todo}", *overrides]
-        )
+        cmd = " ".join([f"python -m gspo_study sweep --figure {figure} --scale {scale} --seeds {todo}", *overrides])
         raise MissingRunError(
             f"figure {figure}: no finished MLflow run for {what} in experiment {study.experiment!r} at "
             f"{study.uri}; train it: {cmd}"

@@ -27,8 +27,20 @@ DOCS = (ROOT / "README.md", ROOT / "docs" / "FIGURES.md")
 BLOCK = re.compile(r"(<!-- BEGIN (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S)
 
 # Which report rows each figure's line quotes (figure 5 is a view with no claim of its own).
-FIGURE_CLAIMS = {1: (1, 2), 2: (3,), 3: (4,), 4: (5,), 5: (), 6: (6,), 7: (12,), 8: (7,), 9: (8, 9), 10: (11, 12),
-                 11: (13, 14, 15), 12: ()}  # fmt: skip
+FIGURE_CLAIMS = {
+    1: (1, 2),
+    2: (3,),
+    3: (4,),
+    4: (5,),
+    5: (),
+    6: (6,),
+    7: (12,),
+    8: (7,),
+    9: (8, 9),
+    10: (11, 12),
+    11: (13, 14, 15),
+    12: (),
+}
 WHAT = {
     1: "GSPO vs GRPO + R2: reward and held-out pass@1 over training",
     2: "clipped-token fraction, and per minibatch",
@@ -115,14 +127,14 @@ def _figure_1(results: Path, records: dict[int, dict], walls: dict) -> str:
 
 
 def _results_table(records: dict[int, dict], walls: dict) -> str:
-    lines = ["| figure | what it shows | result at the CPU scale (mean ±95 % half-width) | runs, min each |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| figure | what it shows | result at the CPU scale (mean ±95 % half-width) | runs, min each |",
+        "|---|---|---|---|",
+    ]
     for n, claims in FIGURE_CLAIMS.items():
         shown = "; ".join(_claim(records[c]) for c in claims if c in records) or NO_CLAIM[n]
         runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
-        lines.append(
-            f"| [{n}](results/cpu/figure-{n}.png) | {WHAT[n]} | {shown} | {runs}, {minutes:.0f} ({cpu}) |"
-        )
+        lines.append(f"| [{n}](results/cpu/figure-{n}.png) | {WHAT[n]} | {shown} | {runs}, {minutes:.0f} ({cpu}) |")
     return "\n".join(lines) + "\n"
 
 
@@ -134,8 +146,11 @@ def blocks(scale: str = "cpu") -> dict[str, str]:
     results = ROOT / "results" / scale
     records = report_records(results)
     walls = wall_minutes(results, scale)
-    return {"figure-1": _figure_1(results, records, walls), "results": _results_table(records, walls),
-            "claims": _claims_list(records)}  # fmt: skip
+    return {
+        "figure-1": _figure_1(results, records, walls),
+        "results": _results_table(records, walls),
+        "claims": _claims_list(records),
+    }
 
 
 def rewrite(text: str, found: dict[str, str]) -> str:

@@ -131,8 +131,7 @@ class Verdict(StrEnum):
     NOT_RUN = "not run"
 
 
-def verdict(kind: str, lo: float, hi: float, sign: int = 1, paper: float = math.nan,
-            effect: float = MARGIN) -> Verdict:  # fmt: skip
+def verdict(kind: str, lo: float, hi: float, sign: int = 1, paper: float = math.nan, effect: float = MARGIN) -> Verdict:
     """`kind`: "diff" (A − B has sign `sign`, the gap tested for is `effect`), "no_harm" (A is not worse than B
     by more than `effect`) or "magnitude" (the interval against the paper's value within a factor WITHIN)."""
     if math.isnan(lo):
@@ -202,14 +201,23 @@ class Estimate:
         return f"{self.name}: {sides}{self.unit}{_fmt(self.mean, self.lo, self.hi)}{half} (n={self.n})"
 
 
-def estimate(name: str, values, kind: str = "diff", sign: int = 1, effect: float = MARGIN, sides: str = "",
-             paper: float = math.nan, unit: str = "Δ ") -> Estimate:  # fmt: skip
+def estimate(
+    name: str,
+    values,
+    kind: str = "diff",
+    sign: int = 1,
+    effect: float = MARGIN,
+    sides: str = "",
+    paper: float = math.nan,
+    unit: str = "Δ ",
+) -> Estimate:
     mean, lo, hi, n = mean_ci(values)
     return Estimate(name, mean, lo, hi, n, verdict(kind, lo, hi, sign, paper, effect), sides, unit)
 
 
-def difference(study: Study, measure, a: str, b: str, name: str, kind: str, sign: int,
-               effect: float = MARGIN) -> Estimate:  # fmt: skip
+def difference(
+    study: Study, measure, a: str, b: str, name: str, kind: str, sign: int, effect: float = MARGIN
+) -> Estimate:
     """`name`: A − B paired by seed, with both sides' levels."""
     va, vb = measure(study, a), measure(study, b)
     sides = f"{label(a)} {_fmt(*mean_ci(va)[:3])} vs {label(b)} {_fmt(*mean_ci(vb)[:3])}"
@@ -245,45 +253,57 @@ class Claim:
 
 
 def _efficiency(study: Study):
-    return judged([difference(study, final_pass, "gspo", "grpo_r2", "final pass@1", "diff", +1),
-                   difference(study, final_reward, "gspo", "grpo_r2", "final reward", "diff", +1)])  # fmt: skip
+    return judged(
+        [
+            difference(study, final_pass, "gspo", "grpo_r2", "final pass@1", "diff", +1),
+            difference(study, final_reward, "gspo", "grpo_r2", "final reward", "diff", +1),
+        ]
+    )
 
 
 def _clipping(study: Study):
     paper = PAPER_CLIP_FRAC["gspo"] - PAPER_CLIP_FRAC["grpo_r2"]
     e = difference(study, training_mean(CLIP), "gspo", "grpo_r2", "clip fraction", "diff", +1, effect=paper)
     a, b = (training_mean(CLIP)(study, r).mean() for r in ("gspo", "grpo_r2"))
-    ratio = (
-        f"; ratio ×{a / b:.3g} (paper ×{PAPER_CLIP_FRAC['gspo'] / PAPER_CLIP_FRAC['grpo_r2']:.3g})"
-        if b > 0
-        else ""
-    )
+    ratio = f"; ratio ×{a / b:.3g} (paper ×{PAPER_CLIP_FRAC['gspo'] / PAPER_CLIP_FRAC['grpo_r2']:.3g})" if b > 0 else ""
     return Result(e.text() + ratio, e.verdict, (e,))
 
 
 def _replay(study: Study):
-    return judged([difference(study, final_pass, "grpo", "grpo_r2", "final pass@1", "diff", -1),
-                   difference(study, final_reward, "grpo", "grpo_r2", "final reward", "diff", -1)])  # fmt: skip
+    return judged(
+        [
+            difference(study, final_pass, "grpo", "grpo_r2", "final pass@1", "diff", -1),
+            difference(study, final_reward, "grpo", "grpo_r2", "final reward", "diff", -1),
+        ]
+    )
 
 
 def _volatility(study: Study):
     """Claim 5 per optimizer update (the paper's unit), on figure 11's GSPO and GRPO-without-replay runs."""
     texts, estimates = [], []
     for run in (LONG_ARMS["gspo"], LONG_ARMS["grpo"]):
-        e = estimate(f"{label(run)}, per update", training_mean(VOL_UPDATE)(study, run), "magnitude",
-                     paper=PAPER_VOLATILITY, unit="")  # fmt: skip
+        e = estimate(
+            f"{label(run)}, per update",
+            training_mean(VOL_UPDATE)(study, run),
+            "magnitude",
+            paper=PAPER_VOLATILITY,
+            unit="",
+        )
         far = factor(e.lo, e.hi, PAPER_VOLATILITY) if not math.isnan(e.lo) else ""
         texts.append(e.text() + (f", {far}" if far else ""))
         estimates.append(e)
-    return Result(
-        _runs_found(study) + "; ".join(texts), combine([e.verdict for e in estimates]), tuple(estimates)
-    )
+    return Result(_runs_found(study) + "; ".join(texts), combine([e.verdict for e in estimates]), tuple(estimates))
 
 
 def _precision(study: Study):
     a, b = "gspo_bf16_rollout", "gspo_bf16_recompute"
-    return judged([difference(study, final_pass, a, b, "final pass@1", "no_harm", +1),
-                   difference(study, final_reward, a, b, "final reward", "no_harm", +1)], _runs_found(study))  # fmt: skip
+    return judged(
+        [
+            difference(study, final_pass, a, b, "final pass@1", "no_harm", +1),
+            difference(study, final_reward, a, b, "final reward", "no_harm", +1),
+        ],
+        _runs_found(study),
+    )
 
 
 def _improves(study: Study):
@@ -310,17 +330,17 @@ def _sweep(study: Study):
     head += f"cells with GRPO volatility ≥ {MOVING:.0%}: {', '.join(sorted(moving))}"
     if gone:
         ends = by_arm.loc[gone].final
-        head += f"; every algorithm collapses at {', '.join(gone)} (final pass@1 {ends.min():.3g}–{ends.max():.3g}), not pooled"
+        span = f"{ends.min():.3g}–{ends.max():.3g}"
+        head += f"; every algorithm collapses at {', '.join(gone)} (final pass@1 {span}), not pooled"
     if not pooled:
         return head, Verdict.INCONCLUSIVE
     final = t[t.cell.isin(pooled)].set_index(["run", "cell", "seed"]).final
     estimates = []
     for a in ("gspo", "grpo_r2"):
-        per_seed = (
-            (final.loc[a] - final.loc["grpo"]).dropna().groupby("seed").mean()
-        )  # cells fixed, seeds replicate
-        estimates.append(estimate(f"{label(a)} − GRPO (no replay) final pass@1, mean over {len(pooled)} cells",
-                                  per_seed))  # fmt: skip
+        per_seed = (final.loc[a] - final.loc["grpo"]).dropna().groupby("seed").mean()  # cells fixed, seeds replicate
+        estimates.append(
+            estimate(f"{label(a)} − GRPO (no replay) final pass@1, mean over {len(pooled)} cells", per_seed)
+        )
     return judged(estimates, head + "; ")
 
 
@@ -353,14 +373,24 @@ def _lag_claim(study: Study, a: str, b: str, sign: int):
     share = t[t.run == "grpo"].groupby("lag").share.mean()
     final = t.set_index(["run", "lag", "seed"]).final.sort_index()
     pairs = final.index.droplevel("seed")
-    found = {k: estimate(f"at lag {k}{' (regime)' if k == lag else ''}", (final.loc[(a, k)] - final.loc[(b, k)]).dropna(),
-                         "diff", sign) for k in sorted({0, lag}) if (a, k) in pairs and (b, k) in pairs}  # fmt: skip
+    found = {
+        k: estimate(
+            f"at lag {k}{' (regime)' if k == lag else ''}",
+            (final.loc[(a, k)] - final.loc[(b, k)]).dropna(),
+            "diff",
+            sign,
+        )
+        for k in sorted({0, lag})
+        if (a, k) in pairs and (b, k) in pairs
+    }
     if lag not in found:
         return head + f"no {label(a)} and {label(b)} pair at lag {lag}", Verdict.INCONCLUSIVE
-    text = (head + f"regime = lag {lag}, the argmax over {share.index.nunique()} lags' mean routing share of Var "
-            f"log-ratio ({share.loc[lag]:.3g}; the lags' intervals overlap) where GSPO still gains over the cold "
-            f"start; 1 comparison judged (lag 0 shown); {label(a)} − {label(b)} final pass@1 "
-            + "; ".join(e.text() for e in found.values()))  # fmt: skip
+    text = (
+        head + f"regime = lag {lag}, the argmax over {share.index.nunique()} lags' mean routing share of Var "
+        f"log-ratio ({share.loc[lag]:.3g}; the lags' intervals overlap) where GSPO still gains over the cold "
+        f"start; 1 comparison judged (lag 0 shown); {label(a)} − {label(b)} final pass@1 "
+        + "; ".join(e.text() for e in found.values())
+    )
     return Result(text, found[lag].verdict, (found[lag],))
 
 
@@ -384,8 +414,11 @@ def _instrument(study: Study):
     if g.empty:
         return head + "none of GRPO without replay", Verdict.INCONCLUSIVE
     n = t[t.run == "grpo"].groupby("lag").seed.nunique()
-    cells = [f"lag {lag}: share {r.share:.3g}, flips {r.flip_token:.2%} token / {r.flip_seq:.2%} seq, volatility "
-             f"{r.vol:.2%} (n={n.loc[lag]})" for lag, r in g.iterrows()]  # fmt: skip
+    cells = [
+        f"lag {lag}: share {r.share:.3g}, flips {r.flip_token:.2%} token / {r.flip_seq:.2%} seq, volatility "
+        f"{r.vol:.2%} (n={n.loc[lag]})"
+        for lag, r in g.iterrows()
+    ]
     return head + "; ".join(cells), Verdict.MEASURED
 
 
@@ -416,8 +449,15 @@ def _correction_precision(study: Study):
     for obj in ("gspo", "grpo_r2"):
         per = {}
         for c in CORRECTIONS:
-            e = difference(study, final_pass, f"{obj}_bf16_rollout", f"{obj}_{c}",
-                           f"bypass − recompute ({CORRECTIONS[c]})", "no_harm", +1)  # fmt: skip
+            e = difference(
+                study,
+                final_pass,
+                f"{obj}_bf16_rollout",
+                f"{obj}_{c}",
+                f"bypass − recompute ({CORRECTIONS[c]})",
+                "no_harm",
+                +1,
+            )
             per[c] = e.verdict
             judged_on = e if (obj, c) == ("gspo", "bf16_recompute") else judged_on
             texts.append(f"{label(obj)}: {e.text()} → {e.verdict}")
@@ -434,17 +474,13 @@ def _correction_replay(study: Study):
     correction changes it, and each correction's masked token fraction."""
     texts, per, judged_on = [], {}, None
     for c in CORRECTIONS:
-        e = difference(
-            study, final_pass, "grpo_r3_bf16", f"grpo_r2_{c}", f"R3 − R2 ({CORRECTIONS[c]})", "diff", +1
-        )
+        e = difference(study, final_pass, "grpo_r3_bf16", f"grpo_r2_{c}", f"R3 − R2 ({CORRECTIONS[c]})", "diff", +1)
         per[c] = e.verdict
         judged_on = e if c == "bf16_recompute" else judged_on
         masked = training_mean("correction/masked_frac/token")(study, f"grpo_r2_{c}").mean()
         masked_text = "" if math.isnan(masked) else f", R2's masked tokens {masked:.3%}"
         texts.append(f"{e.text()}{masked_text} → {e.verdict}")
-    k3_r2, k3_r3 = (
-        training_mean("mismatch/k3")(study, r).mean() for r in ("grpo_r2_bf16_recompute", "grpo_r3_bf16")
-    )
+    k3_r2, k3_r3 = (training_mean("mismatch/k3")(study, r).mean() for r in ("grpo_r2_bf16_recompute", "grpo_r3_bf16"))
     texts.append(f"k3 mismatch R2 {k3_r2:.3g}, R3 {k3_r3:.3g}")
     texts.append(_changed(per["bf16_recompute"], per))
     head = _runs_found(study) + _multiplicity(len(CORRECTIONS))
@@ -452,12 +488,21 @@ def _correction_replay(study: Study):
 
 
 # ------------------------------------------------------------------------------------- figure 11: the long horizon
-LONG_ARMS = {"grpo": "grpo_bf16_recompute", "grpo_r2": "grpo_r2_bf16_recompute", "grpo_r3": "grpo_r3_bf16",
-             "gspo": "gspo_bf16_recompute"}  # fmt: skip
+LONG_ARMS = {
+    "grpo": "grpo_bf16_recompute",
+    "grpo_r2": "grpo_r2_bf16_recompute",
+    "grpo_r3": "grpo_r3_bf16",
+    "gspo": "gspo_bf16_recompute",
+}
 TARGET_HALF_WIDTH = MARGIN  # the gap in final pass@1 the long-horizon comparison is sized to see
 BEFORE = 25  # steps of the instrument's readings before a collapse (or the run's last steps without one)
-READINGS = {"k3": "mismatch/k3", "F(2)": "mismatch/f_tau_2", "routing gap": "moe/train_infer_routing/tokens_any_changed",
-            "R2 share": "moe/route/r2_removed_share", "grad norm": "train/grad_norm"}  # fmt: skip
+READINGS = {
+    "k3": "mismatch/k3",
+    "F(2)": "mismatch/f_tau_2",
+    "routing gap": "moe/train_infer_routing/tokens_any_changed",
+    "R2 share": "moe/route/r2_removed_share",
+    "grad norm": "train/grad_norm",
+}
 
 
 def seeds_needed(sd: float, half_width: float = TARGET_HALF_WIDTH) -> int | None:
@@ -535,14 +580,19 @@ def _collapse(study: Study):
         when = ", ".join(f"seed {seed} at step {c.step} ({c.rule})" for seed, c in down)
         horizon = max(x[3] for x in found)
         readings = ", ".join(f"{k} {v:.3g}" for k, v in mean.items())
-        texts.append(f"{label(run)}: {len(down)} of {len(found)} collapsed" + (f" ({when})" if when else "") +
-                     f" in {horizon} steps; {'before it' if down else f'last {BEFORE} steps'}: {readings}")  # fmt: skip
+        texts.append(
+            f"{label(run)}: {len(down)} of {len(found)} collapsed"
+            + (f" ({when})" if when else "")
+            + f" in {horizon} steps; {'before it' if down else f'last {BEFORE} steps'}: {readings}"
+        )
     if "grpo" not in counts:
         return _runs_found(study) + "none of GRPO without replay", Verdict.INCONCLUSIVE
     k, n = counts["grpo"]
     v = collapse_verdict(k, n, counts.get("grpo_r2", (0, 0))[0])
-    shares = tuple(Estimate(f"{label(LONG_ARMS[arm])}: share of runs collapsed", kk / nn, math.nan, math.nan, nn, v,
-                            unit="") for arm, (kk, nn) in counts.items())  # fmt: skip
+    shares = tuple(
+        Estimate(f"{label(LONG_ARMS[arm])}: share of runs collapsed", kk / nn, math.nan, math.nan, nn, v, unit="")
+        for arm, (kk, nn) in counts.items()
+    )
     return Result(_runs_found(study) + "; ".join(texts), v, shares)
 
 
@@ -570,7 +620,8 @@ CLAIMS = [
     Claim("Where routing moves, GRPO without replay falls behind GSPO and GRPO + R2 (Fig. 8, ours)",
           "§5.3: GRPO without replay fails on MoE; replay or GSPO fixes it", (), _sweep, figure=8),
     Claim("At the policy lag where routing's share of the ratio's variance is largest (Fig. 9, ours), GRPO "
-          "without replay falls behind GRPO + R2 (claim 4 at the regime)", "§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows",
+          "without replay falls behind GRPO + R2 (claim 4 at the regime)",
+          "§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows",
           (), _lag, figure=9),
     Claim("GSPO trains more efficiently than GRPO + R2 at that regime (claim 2 at the regime, Fig. 9)",
           "higher reward and scores (Fig. 1, at lag 0)", (), _lag_efficiency, figure=9),
@@ -608,8 +659,11 @@ def results(study: Study, sweeps: dict[int, Study], claims=None) -> list[Result]
     for c in CLAIMS if claims is None else claims:
         if c.figure is not None:
             sweep = sweeps[c.figure]
-            out.append(Result(*c.measure(sweep)) if sweep.runs else
-                       Result(f"missing: all runs of figure {c.figure}", Verdict.NOT_RUN))  # fmt: skip
+            out.append(
+                Result(*c.measure(sweep))
+                if sweep.runs
+                else Result(f"missing: all runs of figure {c.figure}", Verdict.NOT_RUN)
+            )
             continue
         gone = [r for r in c.runs if r in absent]
         if gone:
@@ -632,10 +686,26 @@ def _num(x: float) -> float | None:
 
 def as_records(claims, found: list[Result]) -> list[dict]:
     """REPORT.json: per claim its number, text, verdict and estimates as numbers (null where there is none)."""
-    return [dict(claim=CLAIMS.index(c) + 1, text=c.text, verdict=str(r.verdict),
-                 estimates=[dict(name=e.name, mean=_num(e.mean), lower=_num(e.lo), upper=_num(e.hi),
-                                 half_width=_num(e.half_width), n=e.n, verdict=str(e.verdict)) for e in r.estimates])
-            for c, r in zip(claims, found)]  # fmt: skip
+    return [
+        dict(
+            claim=CLAIMS.index(c) + 1,
+            text=c.text,
+            verdict=str(r.verdict),
+            estimates=[
+                dict(
+                    name=e.name,
+                    mean=_num(e.mean),
+                    lower=_num(e.lo),
+                    upper=_num(e.hi),
+                    half_width=_num(e.half_width),
+                    n=e.n,
+                    verdict=str(e.verdict),
+                )
+                for e in r.estimates
+            ],
+        )
+        for c, r in zip(claims, found)
+    ]
 
 
 def _shown_uri(uri: str) -> str:
@@ -658,9 +728,14 @@ def _seeds_line(seeds: list[int], per_figure: dict[int, list[int]]) -> str:
 
 
 def render(
-    study: Study, sweeps: dict[int, Study], scale: str, seeds: list[int], figure: int | None = None,
-    found: list[Result] | None = None, per_figure: dict[int, list[int]] | None = None,
-) -> str:  # fmt: skip
+    study: Study,
+    sweeps: dict[int, Study],
+    scale: str,
+    seeds: list[int],
+    figure: int | None = None,
+    found: list[Result] | None = None,
+    per_figure: dict[int, list[int]] | None = None,
+) -> str:
     runs = [*study.runs, *(r for sweep in sweeps.values() for r in sweep.runs)]
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs}) or ["(no runs)"]
     claims = CLAIMS if figure is None else [c for c in CLAIMS if c.figure == figure]
@@ -693,14 +768,17 @@ def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int |
     seeds = parse_seeds(None, scale) if seeds is None else seeds
     claims = CLAIMS if figure is None else [c for c in CLAIMS if c.figure == figure]
     if not claims:
-        raise ConfigError(f"bad figure {figure!r}; allowed: one whose sweep a claim is measured on "
-                          f"({', '.join(str(c.figure) for c in CLAIMS if c.figure is not None)})")  # fmt: skip
+        raise ConfigError(
+            f"bad figure {figure!r}; allowed: one whose sweep a claim is measured on "
+            f"({', '.join(str(c.figure) for c in CLAIMS if c.figure is not None)})"
+        )
     runs = list(dict.fromkeys(r for c in claims for r in c.runs))
     figs = {c.figure for c in claims if c.figure is not None}
     per_figure = {f: given if given is not None else parse_seeds(None, scale, f) for f in figs}
     sweeps = {f: load(figure_configs(f, scale, per_figure[f], tuple(overrides))) for f in figs}
-    study = (load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds]) if runs
-             else sweeps[figure])  # fmt: skip
+    study = (
+        load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds]) if runs else sweeps[figure]
+    )
     path = study.out_dir / ("REPORT.md" if figure is None else f"REPORT-figure-{figure}.md")
     if not study.runs and not any(s.runs for s in sweeps.values()):  # e.g. a fresh clone: no store shipped
         raise ConfigError(
@@ -728,9 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
     p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
-    p.add_argument(
-        "--figure", type=int, help="only the claims measured on this figure's sweep (REPORT-figure-N.md)"
-    )
+    p.add_argument("--figure", type=int, help="only the claims measured on this figure's sweep (REPORT-figure-N.md)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
     args = p.parse_args(argv)
     try:

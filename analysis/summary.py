@@ -46,15 +46,20 @@ def summary(scale: str, runs: list[str], seeds: list[int], layers=(), overrides=
             )
     study = load(pairs)
     lines = [f"runs: {', '.join(runs)}; layers: {', '.join(layers) or '-'}; seeds: {seeds}", ""]
-    lines += ["| run | pass@1 start | pass@1 end | gain | reward, last 10 steps | "
-              + " | ".join(AVERAGED) + " |", "|---" * (5 + len(AVERAGED)) + "|"]  # fmt: skip
+    lines += [
+        "| run | pass@1 start | pass@1 end | gain | reward, last 10 steps | " + " | ".join(AVERAGED) + " |",
+        "|---" * (5 + len(AVERAGED)) + "|",
+    ]
     for run in study.names():
         start = study.values(PASS1, run).query("step == 0").groupby("seed").value.first()
         r = study.values(REWARD, run)
         last = r[r.step > r.step.max() - 10].groupby("seed").value.mean()
         avg = [_ci(training_mean(m)(study, run)) for m in AVERAGED.values()]
-        lines.append(f"| {run} | {_ci(start)} | {_ci(final_pass(study, run))} | {_ci(gain(study, run))} | {_ci(last)} | "
-                     + " | ".join(avg) + " |")  # fmt: skip
+        lines.append(
+            f"| {run} | {_ci(start)} | {_ci(final_pass(study, run))} | {_ci(gain(study, run))} | {_ci(last)} | "
+            + " | ".join(avg)
+            + " |"
+        )
     for run, seed, why in study.missing:
         lines.append(f"missing: {run} seed {seed} ({why})")
     return "\n".join(lines)

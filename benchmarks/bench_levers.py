@@ -36,9 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument(
-        "--checkpoint", type=Path, default=None, help="8-layer checkpoint (default: the cold start)"
-    )
+    p.add_argument("--checkpoint", type=Path, default=None, help="8-layer checkpoint (default: the cold start)")
     p.add_argument("--repeats", type=int, default=7, help="timed repeats per case (after one warm-up)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile (minutes of compiling)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench_levers.json")
@@ -123,9 +121,17 @@ def main() -> None:
     compiled = torch.compile(model, dynamic=True) if args.compile else None
     cases = {
         # name: (switch on, switch off, the module to run)
-        "attn=eager": (lambda: model.set_attn_implementation("eager"), lambda: model.set_attn_implementation("sdpa"), model),
-        "experts=bmm_pad": (lambda: set_experts(model, "bmm_pad"), lambda: set_experts(model, "grouped_mm_index"), model),
-    }  # fmt: skip
+        "attn=eager": (
+            lambda: model.set_attn_implementation("eager"),
+            lambda: model.set_attn_implementation("sdpa"),
+            model,
+        ),
+        "experts=bmm_pad": (
+            lambda: set_experts(model, "bmm_pad"),
+            lambda: set_experts(model, "grouped_mm_index"),
+            model,
+        ),
+    }
     if compiled is not None:
         cases["compile"] = (lambda: None, lambda: None, compiled)
 
@@ -153,9 +159,7 @@ def main() -> None:
         return {
             "seconds": times,
             "median_s": {k: median(v) for k, v in times.items()},
-            "speedup": {
-                w: median([d / c for d, c in zip(times[f"{w}_default"], times[f"{w}_case"])]) for w in work
-            },
+            "speedup": {w: median([d / c for d, c in zip(times[f"{w}_default"], times[f"{w}_case"])]) for w in work},
             "first_call_s": first,
             "max_abs_dlogprob": max_dlogp,
             "same_rollout_tokens": same_tokens,
@@ -199,12 +203,21 @@ def main() -> None:
         for name, r in results.items()
     ]
     print_table(
-        ["case", "upd s", "upd s case", "upd x", "roll s", "roll s case", "roll x", "1st calls s", "max|dlogp|",
-         "same tokens"],
+        [
+            "case",
+            "upd s",
+            "upd s case",
+            "upd x",
+            "roll s",
+            "roll s case",
+            "roll x",
+            "1st calls s",
+            "max|dlogp|",
+            "same tokens",
+        ],
         rows,
-        f"levers on the model ({source}, {args.threads} threads, median of {args.repeats}; x = default / case, "
-        "paired)",
-    )  # fmt: skip
+        f"levers on the model ({source}, {args.threads} threads, median of {args.repeats}; x = default / case, paired)",
+    )
 
 
 if __name__ == "__main__":

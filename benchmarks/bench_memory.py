@@ -2,7 +2,8 @@
 step in a fresh process, its peak RSS growth over the RSS before the step (weights already loaded) against the
 estimate of the same (the estimated peak less the weights).
 
-    .venv/bin/python benchmarks/bench_memory.py --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_memory.json
+    .venv/bin/python benchmarks/bench_memory.py \
+        --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_memory.json
 
 Needs a 4-layer CPU-scale cold start (`make coldstart SCALE=cpu OVERRIDES=model.num_hidden_layers=4`, or the
 sweep of figure 11 makes it). The estimate assumes every response reaches `rollout.max_new_tokens` (a bound); the
@@ -46,16 +47,21 @@ def one(overrides: list[str]) -> dict:
     shapes = Shapes.of(ctx.model)
     est = estimate(cfg, shapes, longest_prompt(ctx.task, ctx.tokenizer, cfg.eval.num_prompts))
     measured, estimated = after - before, est["peak"] - shapes.params * 4
-    return {"measured_step_mib": measured / 2**20, "estimated_step_mib": estimated / 2**20,
-            "relative_error": estimated / measured - 1}  # fmt: skip
+    return {
+        "measured_step_mib": measured / 2**20,
+        "estimated_step_mib": estimated / 2**20,
+        "relative_error": estimated / measured - 1,
+    }
 
 
 def table(results: dict) -> str:
     """The markdown table docs/RELIABILITY.md shows (tests/test_docs_numbers.py checks it against the JSON)."""
     lines = ["| overrides (4-layer CPU cold start) | measured | estimated | error |", "|---|---|---|---|"]
     for c in results["cases"]:
-        lines.append(f"| `{' '.join(c['overrides'])}` | {c['measured_step_mib']:.0f} MiB | "
-                     f"{c['estimated_step_mib']:.0f} MiB | {c['relative_error']:+.0%} |")  # fmt: skip
+        lines.append(
+            f"| `{' '.join(c['overrides'])}` | {c['measured_step_mib']:.0f} MiB | "
+            f"{c['estimated_step_mib']:.0f} MiB | {c['relative_error']:+.0%} |"
+        )
     return "\n".join(lines)
 
 
@@ -76,22 +82,27 @@ def main() -> int:
         return 2
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        common = [f"init_checkpoint={args.checkpoint}", "model.num_hidden_layers=4", f"results_dir={tmp}",
-                  f"tracking.uri=sqlite:///{tmp}/m.db", "threads=1", "eval.num_prompts=16"]  # fmt: skip
+        common = [
+            f"init_checkpoint={args.checkpoint}",
+            "model.num_hidden_layers=4",
+            f"results_dir={tmp}",
+            f"tracking.uri=sqlite:///{tmp}/m.db",
+            "threads=1",
+            "eval.num_prompts=16",
+        ]
         for case in CASES:
             cmd = [sys.executable, __file__, "--case", json.dumps([*common, *case])]
-            out = (
-                subprocess.run(cmd, capture_output=True, text=True, check=True)
-                .stdout.strip()
-                .splitlines()[-1]
-            )
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             results.append({"overrides": case, **json.loads(out)})
             r = results[-1]
-            print(f"{' '.join(case):60s} measured {r['measured_step_mib']:7.0f} MiB, estimated "
-                  f"{r['estimated_step_mib']:7.0f} MiB ({r['relative_error']:+.0%})")  # fmt: skip
+            print(
+                f"{' '.join(case):60s} measured {r['measured_step_mib']:7.0f} MiB, estimated "
+                f"{r['estimated_step_mib']:7.0f} MiB ({r['relative_error']:+.0%})"
+            )
     if args.out:
-        args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "cases": results},
-                                       indent=1) + "\n")  # fmt: skip
+        args.out.write_text(
+            json.dumps({"machine": platform.processor() or platform.machine(), "cases": results}, indent=1) + "\n"
+        )
     return 0
 
 

@@ -73,9 +73,7 @@ def make_cases(model, ids, mask) -> dict[str, Callable[[], None]]:
 BASELINE = {"fwd_bwd_replay": "fwd_bwd", "fwd_bwd_replay_natural": "fwd_bwd", "fwd_record": "fwd"}
 
 
-def time_cases(
-    cases: dict[str, Callable[[], None]], warmup: int, repeats: int, device: str
-) -> dict[str, list]:
+def time_cases(cases: dict[str, Callable[[], None]], warmup: int, repeats: int, device: str) -> dict[str, list]:
     def timed(fn) -> float:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -109,9 +107,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     tok = build_char_tokenizer()
-    model = build_model(args.preset, tok, 0, experts_implementation=args.experts_implementation).to(
-        args.device
-    )
+    model = build_model(args.preset, tok, 0, experts_implementation=args.experts_implementation).to(args.device)
     model.train()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(4, len(tok), (args.batch, args.seq), generator=gen).to(args.device)

@@ -63,9 +63,7 @@ INDEX = "@grouped_mm_index"
 TRL_PARTS = [*TRL, *(t + INDEX for t in TRL)]
 PAIRS = [("ours-gspo", "trl-gspo"), ("ours-grpo-r2", "trl-grpo"), ("ours-grpo", "trl-grpo")]
 PAIRS += [(ours, trl + INDEX) for ours, trl in PAIRS]
-DEFAULT_PARTS = (
-    f"rollout,ours-gspo,trl-gspo,trl-gspo{INDEX},ours-grpo-r2,trl-grpo,trl-grpo{INDEX},replay,floor"
-)
+DEFAULT_PARTS = f"rollout,ours-gspo,trl-gspo,trl-gspo{INDEX},ours-grpo-r2,trl-grpo,trl-grpo{INDEX},replay,floor"
 # useful forward-equivalent passes over the fed tokens in one RL step: rollout 1, pi_old 1, updates 3 (fwd + bwd)
 PASSES = {"rollout": 1, "old_policy": 1, "update": 3}
 
@@ -78,10 +76,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed RL steps / TRL generation batches first")
     p.add_argument("--repeats", type=int, default=21, help="timed repeats per case in (a) and (c)")
     p.add_argument("--preset", default="qwen3-moe-tiny", help="model preset of the random-init checkpoint")
-    p.add_argument("--experts-implementation", default="grouped_mm_index",
-                   help="our experts kernel (default: the suite's, gspo_study/models/experts.py)")  # fmt: skip
-    p.add_argument("--trl-experts-implementation", default="grouped_mm",
-                   help="the experts kernel TRL's model gets (default: transformers' stock grouped_mm)")  # fmt: skip
+    p.add_argument(
+        "--experts-implementation",
+        default="grouped_mm_index",
+        help="our experts kernel (default: the suite's, gspo_study/models/experts.py)",
+    )
+    p.add_argument(
+        "--trl-experts-implementation",
+        default="grouped_mm",
+        help="the experts kernel TRL's model gets (default: transformers' stock grouped_mm)",
+    )
     p.add_argument("--parts", default=DEFAULT_PARTS, help=f"comma list out of {DEFAULT_PARTS},ours-grpo")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench.json")
     p.add_argument("--workdir", type=Path, default=None, help="scratch dir (default: a fresh temp dir)")
@@ -538,9 +542,7 @@ def floor_summary(parts: dict) -> dict:
         step_s = r.get("median_train_s", r["median_step_s"])
         run = {"gflop": gflop, "step_s": step_s, "floor_s": gflop / rate, "efficiency": gflop / rate / step_s}
         if "median_train_s" in r:
-            run["phase_efficiency"] = {
-                p: per_pass * k / rate / r["median_phase_s"][p] for p, k in PASSES.items()
-            }
+            run["phase_efficiency"] = {p: per_pass * k / rate / r["median_phase_s"][p] for p, k in PASSES.items()}
         out["runs"][name] = run
     for ours, theirs in PAIRS:
         if ours in out["runs"] and theirs in out["runs"]:
@@ -617,9 +619,7 @@ def spawn(args, part: str) -> dict:
     cmd, env = _child(args, part)
     print(f"[bench] {part} ...", flush=True)
     with open(args.workdir / f"{part}.log", "w") as log:
-        seconds, proc = timed(
-            lambda: subprocess.run(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        )
+        seconds, proc = timed(lambda: subprocess.run(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
     return _collect(args, part, proc.returncode, seconds)
 
 
@@ -763,8 +763,7 @@ def report(res: dict) -> None:
                 ["pi_old fwd, plain", m["pi_old_plain"], ""],
                 ["pi_old fwd, record", m["pi_old_record"], f"{rp['record_overhead_pct']:+.1f}%"],
             ],
-            f"(c) routing replay on one batch ({rp['response_tokens']} response tokens, padded len "
-            f"{rp['padded_len']})",
+            f"(c) routing replay on one batch ({rp['response_tokens']} response tokens, padded len {rp['padded_len']})",
         )
     fl = res.get("floor", {})
     if fl.get("runs"):
@@ -782,15 +781,10 @@ def report(res: dict) -> None:
             f"2 N_active x fed tokens x {sum(PASSES.values())} passes",
         )
         for pair, r in fl["at_2x"].items():
-            print(
-                f"  2x for {pair}: step <= {r['step_s']:.3f} s, i.e. {100 * r['efficiency']:.0f}% of the GEMM rate"
-            )
+            print(f"  2x for {pair}: step <= {r['step_s']:.3f} s, i.e. {100 * r['efficiency']:.0f}% of the GEMM rate")
     print_table(
         ["part", "peak RSS MiB", "after set-up MiB"],
-        [
-            [k, v.get("peak_rss_mb"), v.get("rss_mb_by_phase", {}).get("after_setup")]
-            for k, v in parts.items()
-        ],
+        [[k, v.get("peak_rss_mb"), v.get("rss_mb_by_phase", {}).get("after_setup")] for k, v in parts.items()],
         "(d) peak resident memory (ru_maxrss) per part, one subprocess each; 'after set-up' = imports + model",
     )
 

@@ -1,6 +1,7 @@
 """What the routing telemetry costs, and what its row subsample (`telemetry.route_rows`) costs in accuracy.
 
-    .venv/bin/python benchmarks/bench_telemetry.py --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
+    .venv/bin/python benchmarks/bench_telemetry.py \
+        --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
 
 GRPO without replay on the CPU base's batch (32 prompts x 8 responses, 4 minibatches) with the 4-layer model and
 the bf16 rollout engine (figure 11's runs). Each step is timed whole with the telemetry at every row
@@ -26,8 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARES = (0.25, 0.5)
 DRAWS = 8
-READINGS = ("moe/routing_volatility/overall", "moe/route/var_share", "moe/route/r2_removed_share",
-            "moe/route/seq_r2_removed_share", "moe/route/clip_flip_token", "moe/route/abs_mean")  # fmt: skip
+READINGS = (
+    "moe/routing_volatility/overall",
+    "moe/route/var_share",
+    "moe/route/r2_removed_share",
+    "moe/route/seq_r2_removed_share",
+    "moe/route/clip_flip_token",
+    "moe/route/abs_mean",
+)
 
 
 def main() -> int:
@@ -48,9 +55,16 @@ def main() -> int:
     from gspo_study.config import load_config
 
     tmp = tempfile.mkdtemp()
-    cfg = load_config([ROOT / "experiments/cpu/base.yaml", ROOT / "experiments/runs/grpo_bf16_recompute.yaml"],
-                      [f"init_checkpoint={args.checkpoint}", "model.num_hidden_layers=4", f"results_dir={tmp}",
-                       f"tracking.uri=sqlite:///{tmp}/m.db", f"threads={args.threads}"])  # fmt: skip
+    cfg = load_config(
+        [ROOT / "experiments/cpu/base.yaml", ROOT / "experiments/runs/grpo_bf16_recompute.yaml"],
+        [
+            f"init_checkpoint={args.checkpoint}",
+            "model.num_hidden_layers=4",
+            f"results_dir={tmp}",
+            f"tracking.uri=sqlite:///{tmp}/m.db",
+            f"threads={args.threads}",
+        ],
+    )
     ctx = trainer.setup(cfg)
     original = trainer.telemetry
     seen: dict = {}
@@ -89,17 +103,12 @@ def main() -> int:
             }
         steps.append(row)
     train_s = [s["step_s"] - s["telemetry_s"] for s in steps]
-    summary = {
-        "telemetry_share_of_step": {"1.0": statistics.median(s["telemetry_s"] / s["step_s"] for s in steps)}
-    }
+    summary = {"telemetry_share_of_step": {"1.0": statistics.median(s["telemetry_s"] / s["step_s"] for s in steps)}}
     for share in SHARES:
         summary["telemetry_share_of_step"][str(share)] = statistics.median(
-            s["shares"][share]["telemetry_s"] / (t + s["shares"][share]["telemetry_s"])
-            for s, t in zip(steps, train_s)
+            s["shares"][share]["telemetry_s"] / (t + s["shares"][share]["telemetry_s"]) for s, t in zip(steps, train_s)
         )
-        summary[f"se_at_{share}"] = {
-            k: statistics.mean(s["shares"][share]["se"][k] for s in steps) for k in READINGS
-        }
+        summary[f"se_at_{share}"] = {k: statistics.mean(s["shares"][share]["se"][k] for s in steps) for k in READINGS}
         summary[f"bias_at_{share}"] = {
             k: statistics.mean(s["shares"][share]["bias"][k] for s in steps) for k in READINGS
         }
@@ -108,8 +117,18 @@ def main() -> int:
     }
     print(json.dumps(summary, indent=1))
     if args.out:
-        args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "threads": args.threads,
-                                        "summary": summary, "steps": steps}, indent=1) + "\n")  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {
+                    "machine": platform.processor() or platform.machine(),
+                    "threads": args.threads,
+                    "summary": summary,
+                    "steps": steps,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -37,9 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both engines)")
     p.add_argument("--repeats", type=int, default=5, help="timed rollouts per case (after one warm-up)")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    p.add_argument(
-        "--checkpoint", type=Path, default=None, help="model directory (default: the CPU cold start)"
-    )
+    p.add_argument("--checkpoint", type=Path, default=None, help="model directory (default: the CPU cold start)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: run one case in this process
     return p.parse_args(argv)
@@ -104,7 +102,8 @@ def main(argv=None) -> dict:
             checkpoint = Path(tmp) / "model"
             code = (
                 "from gspo_study.models import build_char_tokenizer, build_model, save_pretrained\n"
-                f"tok = build_char_tokenizer(); save_pretrained(build_model({PRESET!r}, tok, {SEED}), tok, {str(checkpoint)!r})"
+                "tok = build_char_tokenizer()\n"
+                f"save_pretrained(build_model({PRESET!r}, tok, {SEED}), tok, {str(checkpoint)!r})"
             )
             subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}

@@ -50,9 +50,7 @@ def closure(roots: tuple[str, ...], python_version: str) -> dict[str, str]:
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            raise SystemExit(
-                f"error: {name} is required but not installed here; run make install first"
-            ) from None
+            raise SystemExit(f"error: {name} is required but not installed here; run make install first") from None
         found[name] = dist.version
         for line in dist.requires or []:
             req = Requirement(line)
@@ -79,9 +77,7 @@ def fetch(name: str, version: str, dest: Path, python_version: str) -> None:
     if subprocess.run([*download, *target, pins], capture_output=True).returncode == 0:
         return
     # no binary wheel for the target: a source-only package, built here (pure Python ones work anywhere)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), pins], check=True
-    )
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), pins], check=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     (dest / "REQUIREMENTS.txt").write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
     mb = sum(f.stat().st_size for f in dest.iterdir()) / 2**20
     wheels = sorted(f.name for f in dest.glob("*.whl"))
-    print(
-        f"{dest}: {len(wheels)} wheels, {mb:.1f} MiB, for Python {args.python_version} (torch not included)"
-    )
+    print(f"{dest}: {len(wheels)} wheels, {mb:.1f} MiB, for Python {args.python_version} (torch not included)")
     if len(wheels) != len(pins):
         print(f"error: {len(pins)} packages but {len(wheels)} wheels in {dest}", file=sys.stderr)
         return 1

@@ -92,17 +92,11 @@ SHAPES = {
 }
 # Sizes per shape: cold-start steps and batch, RL steps, prompts × group, lr, HF-engine batch.
 SIZES = {
-    "mini": dict(
-        sft_steps=300, sft_batch=64, sft_lr=2e-3, rl_steps=20, prompts=16, group=8, lr=1e-4, gen_batch=256
-    ),
-    "tiny": dict(
-        sft_steps=150, sft_batch=32, sft_lr=1e-2, rl_steps=2, prompts=8, group=4, lr=1e-3, gen_batch=16
-    ),
+    "mini": dict(sft_steps=300, sft_batch=64, sft_lr=2e-3, rl_steps=20, prompts=16, group=8, lr=1e-4, gen_batch=256),
+    "tiny": dict(sft_steps=150, sft_batch=32, sft_lr=1e-2, rl_steps=2, prompts=8, group=4, lr=1e-3, gen_batch=16),
 }
 RUNS = ("gspo", "grpo_r2", "grpo")  # experiments/runs/<name>.yaml
-VLLM_RESERVE_S = (
-    270.0  # seconds kept for the vLLM parts when vllm is installed (engine and server start-up included)
-)
+VLLM_RESERVE_S = 270.0  # seconds kept for the vLLM parts when vllm is installed (engine and server start-up included)
 EXPERTS_FALLBACK = ("grouped_mm_index", "grouped_mm", "batched_mm", "eager")
 
 
@@ -230,9 +224,7 @@ def part_coldstart(state: dict) -> dict:
     model, tok = build(state["shape"], device, seed, state["experts"])
     task = get_task(config("gspo", sizes, []).task)
     opt = torch.optim.AdamW(model.parameters(), lr=sizes["sft_lr"])
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(min(20, sizes["sft_steps"] // 5), sizes["sft_steps"])
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(min(20, sizes["sft_steps"] // 5), sizes["sft_steps"]))
     losses, t0 = [], time.time()
     steps = sizes["sft_steps"]
     for step in range(steps):
@@ -268,8 +260,8 @@ def part_coldstart(state: dict) -> dict:
     }
 
 
-def _gen(engine, prompts, seed, recorder=None):
-    return engine.generate(prompts, 12, 1.0, torch.Generator().manual_seed(seed), routing_recorder=recorder)
+def _gen(engine, prompts, seed, capture_routing=False):
+    return engine.generate(prompts, 12, 1.0, torch.Generator().manual_seed(seed), capture_routing=capture_routing)
 
 
 def part_hf_engine(state: dict) -> dict:
@@ -285,7 +277,7 @@ def part_hf_engine(state: dict) -> dict:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.time()
-    batch = _gen(engine, prompts, 1, record_routing(engine.model))
+    batch = _gen(engine, prompts, 1, capture_routing=True)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.time() - t0
@@ -305,12 +297,8 @@ def part_hf_engine(state: dict) -> dict:
         "same_seed_same_tokens": same,
         "rollout_vs_bf16_forward_logprob_maxabs": _maxabs(batch.rollout_logprobs, engine_lp, mask),
         "mismatch_vs_train_forward": mismatch_metrics(train_lp, batch.rollout_logprobs, mask),
-        "r3_trace_vs_bf16_forward_changed": routing_volatility(batch.routing, engine_routing, mask)[
-            "overall"
-        ],
-        "r3_trace_vs_train_forward_changed": routing_volatility(batch.routing, train_routing, mask)[
-            "overall"
-        ],
+        "r3_trace_vs_bf16_forward_changed": routing_volatility(batch.routing, engine_routing, mask)["overall"],
+        "r3_trace_vs_train_forward_changed": routing_volatility(batch.routing, train_routing, mask)["overall"],
         "valid_tokens": int(valid),
         "peak_gpu_gb": peak_gb(device),
     }
@@ -354,15 +342,11 @@ def rl_step(ctx, step: int, device: torch.device) -> dict:
     with autocast(device):
         old_lp, natural_old = policy_pass(ctx, batch, None)
     replay = natural_old if cfg.algo.routing_replay == "r2" else None
-    perm = torch.randperm(
-        len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch"))
-    )
+    perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch")))
     mask, prev, per_update, clip = batch.response_mask, natural_old, [], []
     for rows_mb in perm.chunk(cfg.train.num_minibatches):
         with autocast(device):
-            metrics = update_minibatch(
-                ctx, batch, rows_mb, adv, old_lp, replay, learning_rate(cfg, step)
-            ).metrics
+            metrics = update_minibatch(ctx, batch, rows_mb, adv, old_lp, replay, learning_rate(cfg, step)).metrics
             _, natural = policy_pass(ctx, batch, None)
         vol = routing_volatility(prev, natural, mask)
         per_update.append({k: vol[k] for k in ("overall", "tokens_any_changed")} | _depth(vol))
@@ -471,12 +455,8 @@ def part_vllm_server(state: dict) -> dict:
         return {"status": "skipped", "reason": "the GPU build of vLLM needs a CUDA GPU"}
     model, tok = build(state["shape"], device, state["seed"], state["experts"])
     model.load_state_dict(state["weights"])
-    prompts = [
-        p.prompt for p in get_task(config("gspo", state["sizes"], []).task).sample_train(64, random.Random(9))
-    ]
-    args = ["--max-model-len", "256"] + (
-        [] if cpu else ["--gpu-memory-utilization", "0.3", "--enforce-eager"]
-    )
+    prompts = [p.prompt for p in get_task(config("gspo", state["sizes"], []).task).sample_train(64, random.Random(9))]
+    args = ["--max-model-len", "256"] + ([] if cpu else ["--gpu-memory-utilization", "0.3", "--enforce-eager"])
     server = ServerConfig(python=python, args=args, start_timeout_s=max(60.0, state["check"].left() - 30))
     engine = VLLMServerEngine(model, tok, "bfloat16", server, state["check"].out / "vllm-server")
     routing = not cpu  # vLLM returns routed experts on a GPU only
@@ -489,7 +469,7 @@ def part_vllm_server(state: dict) -> dict:
 
     try:
         t0 = time.time()
-        batch = _gen(engine, prompts, 1, object() if routing else None)  # any recorder asks for the routing
+        batch = _gen(engine, prompts, 1, capture_routing=routing)
         first_s = time.time() - t0
         train_lp, train_trace = forward(batch)
         out = {
@@ -497,9 +477,7 @@ def part_vllm_server(state: dict) -> dict:
             "start_s": round(engine.timings.get("start_s", float("nan")), 1),
             "first_rollout_s": round(first_s, 2),
             "response_tokens": int(batch.response_lengths.sum()),
-            "mismatch_vs_train_forward": mismatch_metrics(
-                train_lp, batch.rollout_logprobs, batch.response_mask
-            ),
+            "mismatch_vs_train_forward": mismatch_metrics(train_lp, batch.rollout_logprobs, batch.response_mask),
         }
         if routing:
             out["r3_server_vs_train_forward_changed"] = routing_volatility(
@@ -513,9 +491,7 @@ def part_vllm_server(state: dict) -> dict:
         after = _gen(engine, prompts, 2)
         out["push_and_rollout_s"] = round(time.time() - t0, 3)
         out["push"] = {k: v for k, v in engine.last_push.items() if k != "workers"}
-        out["mismatch_after_push"] = mismatch_metrics(
-            forward(after)[0], after.rollout_logprobs, after.response_mask
-        )
+        out["mismatch_after_push"] = mismatch_metrics(forward(after)[0], after.rollout_logprobs, after.response_mask)
         out["same_seed_same_tokens"] = torch.equal(_gen(engine, prompts, 2).sequences, after.sequences)
     finally:
         engine.close()
@@ -537,7 +513,8 @@ def summary(results: dict) -> str:
     env = results.get("env", {})
     if env:
         lines.append(
-            f"env: {env.get('gpu', env.get('device'))}, torch {env.get('torch')}, transformers {env.get('transformers')}"
+            f"env: {env.get('gpu', env.get('device'))}, torch {env.get('torch')}, "
+            f"transformers {env.get('transformers')}"
         )
     for name, res in results.items():
         if res.get("status") != "ok":
@@ -579,9 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--vllm-python", help="interpreter with vLLM for the server part (default: this one)")
     p.add_argument("--experts", default="grouped_mm_index", help="experts kernel tried first")
-    p.add_argument(
-        "--lr", type=float, help="RL learning rate (default: 1e-4 for the miniature, as the CPU study)"
-    )
+    p.add_argument("--lr", type=float, help="RL learning rate (default: 1e-4 for the miniature, as the CPU study)")
     p.add_argument("--rl-steps", type=int, help="RL steps per run (default 20; fewer if the budget runs out)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -35,9 +35,7 @@ PARAM_BATCH, METRIC_BATCH = 100, 900  # MLflow caps a log_batch at 100 params / 
 def _schema():
     import pyarrow as pa
 
-    metric = pa.struct(
-        [("key", pa.string()), ("step", pa.int64()), ("timestamp", pa.int64()), ("value", pa.float64())]
-    )
+    metric = pa.struct([("key", pa.string()), ("step", pa.int64()), ("timestamp", pa.int64()), ("value", pa.float64())])
     return pa.schema(
         [
             ("experiment", pa.string()),
@@ -86,9 +84,7 @@ def study_configs(
 def _row(client, run) -> dict:
     metrics = []
     for key in run.data.metrics:
-        metrics += [
-            (m.key, m.step, m.timestamp, m.value) for m in client.get_metric_history(run.info.run_id, key)
-        ]
+        metrics += [(m.key, m.step, m.timestamp, m.value) for m in client.get_metric_history(run.info.run_id, key)]
     tags = dict(run.data.tags)
     return {
         "experiment": client.get_experiment(run.info.experiment_id).name,
@@ -138,17 +134,12 @@ def write_archive(rows: list[dict], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [
-        {**r, "params": sorted(dict(r["params"]).items()), "tags": sorted(dict(r["tags"]).items())}
-        for r in rows
-    ]
+    rows = [{**r, "params": sorted(dict(r["params"]).items()), "tags": sorted(dict(r["tags"]).items())} for r in rows]
     rows.sort(key=lambda r: (r["experiment"], r["run_name"], dict(r["tags"]).get("run_key", "")))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        pq.write_table(
-            pa.Table.from_pylist(rows, schema=_schema()), tmp, compression="zstd", compression_level=19
-        )
+        pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), tmp, compression="zstd", compression_level=19)
         tmp.replace(path)
     finally:  # a write that failed part-way (disk full) leaves neither a partial file nor the old one damaged
         tmp.unlink(missing_ok=True)
@@ -165,13 +156,9 @@ def read_archive(path: Path) -> list[dict]:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a damaged file
-        raise ConfigError(
-            f"study archive {path} is not readable Parquet ({type(exc).__name__}: {exc})"
-        ) from None
+        raise ConfigError(f"study archive {path} is not readable Parquet ({type(exc).__name__}: {exc})") from None
     if table.schema.names != _schema().names:
-        raise ConfigError(
-            f"study archive {path} has columns {table.schema.names}; allowed: {_schema().names}"
-        )
+        raise ConfigError(f"study archive {path} has columns {table.schema.names}; allowed: {_schema().names}")
     rows = table.to_pylist()
     for r in rows:
         r["params"], r["tags"] = dict(r["params"]), dict(r["tags"])
@@ -183,9 +170,7 @@ def shipped_tags(path: Path) -> dict[str, dict[str, str]]:
     if not Path(path).is_file():
         return {}
     return {
-        r["tags"]["run_key"]: {**r["tags"], SOURCE: r["run_id"]}
-        for r in read_archive(path)
-        if "run_key" in r["tags"]
+        r["tags"]["run_key"]: {**r["tags"], SOURCE: r["run_id"]} for r in read_archive(path) if "run_key" in r["tags"]
     }
 
 
@@ -204,9 +189,7 @@ class Imported:
     kept: int = 0  # another run with the same run_key was there (trained here): left as it is
 
 
-def import_study(
-    scale: str, overrides: tuple[str, ...] = (), path: Path | None = None
-) -> tuple[Imported, str]:
+def import_study(scale: str, overrides: tuple[str, ...] = (), path: Path | None = None) -> tuple[Imported, str]:
     """Load an archive (default `archive_path`) into the config's store; returns (counts, store URI)."""
     rows = read_archive(Path(path) if path else archive_path(scale, overrides))
     cfg = _base(scale, overrides)

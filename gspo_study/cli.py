@@ -1,4 +1,4 @@
-"""`python -m gspo_study {sft,train,eval,sweep,prune,rollout-server,...}`: the command line.
+"""`python -m gspo_study {sft,train,eval,config,sweep,prune,rollout-server,...}`: the command line.
 
 Every user mistake (bad config key or value, missing file, wrong checkpoint) ends with a one-line
 message on stderr and exit status 2 — no traceback, nothing half-written.
@@ -40,6 +40,19 @@ def _cmd_train(args) -> None:
         train(load_config(*_files_and_overrides(args.config)))
 
 
+def _cmd_config(args) -> None:
+    from gspo_study.config import describe_config
+
+    rows = describe_config(*_files_and_overrides(args.config))
+    rows = [r for r in rows if r.source != "default"] if args.changed else rows
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=1, default=str))
+        return
+    for r in rows:
+        print(f"{r.key} = {r.value!r}    [{r.source}]")
+        print(f"    {r.doc}" + (f" Allowed: {r.allowed}." if r.allowed else ""))
+
+
 def _cmd_eval(args) -> None:
     from gspo_study.evaluate import evaluate
     from gspo_study.runtime import load_policy, seed_everything
@@ -57,9 +70,7 @@ def _cmd_eval(args) -> None:
         args.checkpoint = str(base_coldstart(args.scale, tuple(overrides)))
     # --samples / --num-prompts as config overrides, validated like the config's own values
     asked = {"samples": args.samples, "num_prompts": args.num_prompts}
-    cfg = load_config(
-        args.config, [*overrides, *(f"eval.{k}={v}" for k, v in asked.items() if v is not None)]
-    )
+    cfg = load_config(args.config, [*overrides, *(f"eval.{k}={v}" for k, v in asked.items() if v is not None)])
     seed_everything(cfg.seed, cfg.threads)
     model, tokenizer = load_policy(cfg, path=args.checkpoint)
     result = evaluate(
@@ -141,14 +152,20 @@ def _cmd_rollout_server(args) -> None:
     cfg = load_config(*_files_and_overrides(args.config))
     source = args.checkpoint or cfg.init_checkpoint
     if not source:
-        raise ConfigError(
-            "rollout-server needs the weights to serve: --checkpoint DIR or init_checkpoint=DIR"
-        )
+        raise ConfigError("rollout-server needs the weights to serve: --checkpoint DIR or init_checkpoint=DIR")
     python = cfg.rollout.server.python or sys.executable
     routing = cfg.algo.routing_replay == "r3"
     model_dir = Path(args.model_dir)
-    argv = server_argv(python, str(model_dir), args.port, cfg.rollout.dtype, cfg.rollout.server,
-                       is_cpu_build(python), routing, host=args.host)  # fmt: skip
+    argv = server_argv(
+        python,
+        str(model_dir),
+        args.port,
+        cfg.rollout.dtype,
+        cfg.rollout.server,
+        is_cpu_build(python),
+        routing,
+        host=args.host,
+    )
     if args.print:
         print(" ".join(argv))
         return
@@ -181,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
             help="experiment YAML file(s), layered in order, then key.sub=value overrides",
         )
         s.set_defaults(fn=fn)
+    c = sub.add_parser("config", help="every field of the resolved config: value, doc, allowed values, source")
+    c.add_argument("config", nargs="*", help="experiment YAML file(s), layered in order, then key.sub=value overrides")
+    c.add_argument("--changed", action="store_true", help="only the fields a file or an override set")
+    c.add_argument("--json", action="store_true", help="one JSON list of {key, value, doc, allowed, source}")
+    c.set_defaults(fn=_cmd_config)
     e = sub.add_parser("eval", help="held-out mean pass@1 of a checkpoint")
     which = e.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", help="local checkpoint directory")
@@ -219,9 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("rollout-server", help="a vLLM server for rollout.engine=vllm_server, on this machine")
     v.add_argument("config", nargs="+", help="the run's experiment YAML file(s) and key.sub=value overrides")
     v.add_argument("--checkpoint", help="weights to serve first (default: the config's init_checkpoint)")
-    v.add_argument(
-        "--model-dir", required=True, help="where to write them for vLLM (storage of this machine)"
-    )
+    v.add_argument("--model-dir", required=True, help="where to write them for vLLM (storage of this machine)")
     v.add_argument("--host", default="0.0.0.0", help="address to listen on")
     v.add_argument("--port", type=int, default=8000, help="port to listen on")
     v.add_argument("--print", action="store_true", help="print the vLLM command line instead of running it")

@@ -36,16 +36,12 @@ def _rewards(engine, task, problems, samples, max_new_tokens, batch_size, genera
     out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        batch = engine.generate(
-            [p.prompt for p in chunk], max_new_tokens, temperature, generator, greedy=greedy
-        )
+        batch = engine.generate([p.prompt for p in chunk], max_new_tokens, temperature, generator, greedy=greedy)
         out.append(score(task, chunk, batch)[0])
     return torch.cat(out).view(len(problems), samples)
 
 
-def sampled_pass1(
-    model, tokenizer, task, problems, samples: int, max_new_tokens: int, seed: int = 0
-) -> float:
+def sampled_pass1(model, tokenizer, task, problems, samples: int, max_new_tokens: int, seed: int = 0) -> float:
     """Mean pass@1 of `samples` temperature-1 samples per problem (no greedy pass)."""
     gen = torch.Generator().manual_seed(seed)
     engine = HFEngine(model, tokenizer)

@@ -97,10 +97,7 @@ def study_pages(uri: str, base: str) -> list[dict[str, str]]:
                 "charts": page(base, exp.experiment_id, TRAINING_RUNS, charts=True),
                 "pass_at_1": page(base, exp.experiment_id, TRAINING_RUNS, charts=True, view=PASS_AT_1_VIEW),
                 "figures": page(base, exp.experiment_id, ANALYSIS_RUNS),
-                **{
-                    f"figure {n}": page(base, exp.experiment_id, figure_filter(n))
-                    for n in _figures_of(client, exp)
-                },
+                **{f"figure {n}": page(base, exp.experiment_id, figure_filter(n)) for n in _figures_of(client, exp)},
             }
         )
     return out

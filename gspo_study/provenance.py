@@ -116,12 +116,7 @@ def _likely_cause(used: dict[str, dict[str, str]], shipped: dict[str, dict[str, 
     numbers from one config), else ""."""
 
     def exts(tag_sets) -> set[str]:
-        return {
-            f
-            for t in tag_sets
-            for f in t.get(PREFIX + "cpu_flags", "").split()
-            if f.startswith(("avx", "amx"))
-        }
+        return {f for t in tag_sets for f in t.get(PREFIX + "cpu_flags", "").split() if f.startswith(("avx", "amx"))}
 
     here, there = exts(used.values()), exts(t for k, t in shipped.items() if k in used)
     if here == there:

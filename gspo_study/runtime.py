@@ -34,9 +34,7 @@ def load_policy(cfg, path: str | None = None):
             experts_implementation=m.experts_implementation,
         )
         return model.to(DTYPES[m.dtype]), tokenizer
-    model, tokenizer = load_pretrained(
-        path, dtype=DTYPES[m.dtype], experts_implementation=m.experts_implementation
-    )
+    model, tokenizer = load_pretrained(path, dtype=DTYPES[m.dtype], experts_implementation=m.experts_implementation)
     return model, tokenizer
 
 

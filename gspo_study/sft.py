@@ -130,9 +130,7 @@ def _train(cfg: Config) -> Path:
         problems = task.sample_train(cfg.sft.batch_size, rng)
         targets = [task.sft_target(p) for p in problems]
         if any(t is None for t in targets):
-            raise TaskDataError(
-                f"task {task.name!r} has no SFT targets (its records need a 'solution' field)"
-            )
+            raise TaskDataError(f"task {task.name!r} has no SFT targets (its records need a 'solution' field)")
         loss = sft_loss(model, teacher_forced_batch(tokenizer, [p.prompt for p in problems], targets))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -2,10 +2,11 @@
 
 A figure lists run files in experiments/figures.yaml; a run's config is experiments/<scale>/base.yaml
 layered with experiments/runs/<run>.yaml and `seed=<s>`. A figure with a `sweep:` (per scale, key → list of
-values) takes every run at every combination of those values (applied as `key=value` overrides). Runs are identified by their config (see
-`tracking.run_key`), so a run shared by two figures runs once, a finished run is skipped, and a killed
-one resumes from its last checkpoint. Each model architecture gets its own cold start (`coldstart_name`),
-trained with experiments/<scale>/coldstart.yaml or, if it exists, experiments/<scale>/<coldstart name>.yaml
+values) takes every run at every combination of those values (applied as `key=value` overrides). Runs are
+identified by their config (see `tracking.run_key`), so a run shared by two figures runs once, a finished run is
+skipped, and a killed one resumes from its last checkpoint. Each model architecture gets its own cold start
+(`coldstart_name`), trained with experiments/<scale>/coldstart.yaml or, if it exists,
+experiments/<scale>/<coldstart name>.yaml
 (e.g. coldstart-L16.yaml: a deeper model needs more SFT steps to reach the same pass@1).
 """
 
@@ -47,9 +48,7 @@ def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
     name = f"figure-{figure}" if not str(figure).startswith("figure-") else str(figure)
     specs = figures(experiments)
     if name not in specs:
-        raise ConfigError(
-            f"unknown figure {figure!r}; allowed: {', '.join(k.removeprefix('figure-') for k in specs)}"
-        )
+        raise ConfigError(f"unknown figure {figure!r}; allowed: {', '.join(k.removeprefix('figure-') for k in specs)}")
     return specs[name]
 
 
@@ -82,26 +81,19 @@ def sweep_cells(spec: dict, scale: str) -> list[tuple[str, ...]]:
     if not spec.get("sweep"):
         return [()]
     if scale not in spec["sweep"]:
-        raise ConfigError(
-            f"figure sweep has no values for scale {scale!r}; allowed: {', '.join(spec['sweep'])}"
-        )
+        raise ConfigError(f"figure sweep has no values for scale {scale!r}; allowed: {', '.join(spec['sweep'])}")
     sweep = spec["sweep"][scale]
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
-            raise ConfigError(
-                f"figures.yaml: sweep '{key}' must be a non-empty list of values, got {values!r}"
-            )
+            raise ConfigError(f"figures.yaml: sweep '{key}' must be a non-empty list of values, got {values!r}")
     axes = [[f"{key}={value}" for value in values] for key, values in sweep.items()]
     return [tuple(cell) for cell in itertools.product(*axes)]
 
 
-def figure_configs(
-    figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()
-) -> list[tuple[str, Config]]:
+def figure_configs(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[tuple[str, Config]]:
     """(run name, config) for every sweep cell × run × seed of a figure (cell-major, then run, then seed)."""
     return [
-        (run, run_config(scale, run, seed, (*cell, *overrides)))
-        for cell, run, seed in _items(figure, scale, seeds)
+        (run, run_config(scale, run, seed, (*cell, *overrides))) for cell, run, seed in _items(figure, scale, seeds)
     ]
 
 
@@ -116,12 +108,8 @@ def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     from gspo_study.sft import ensure_trained
 
     cfg = load_config(EXPERIMENTS / scale / "coldstart.yaml", list(overrides))
-    shared = dataclasses.replace(
-        cfg, sft=dataclasses.replace(cfg.sft, per_seed=False)
-    )  # a seed's: the same recipe
-    own = (
-        EXPERIMENTS / scale / f"{coldstart_name(shared)}.yaml"
-    )  # an architecture's own recipe, if it has one
+    shared = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, per_seed=False))  # a seed's: the same recipe
+    own = EXPERIMENTS / scale / f"{coldstart_name(shared)}.yaml"  # an architecture's own recipe, if it has one
     if own.is_file():
         cfg = load_config(own, list(overrides))
     if cfg.init_checkpoint:
@@ -136,9 +124,7 @@ def base_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:
     return ensure_coldstart(scale, (*overrides, *model))
 
 
-def run_figure(
-    figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = (), jobs: int = 1
-) -> list[Config]:
+def run_figure(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = (), jobs: int = 1) -> list[Config]:
     """Train every run the figure needs that has not finished (each model's cold start when first needed).
 
     `jobs` > 1 trains that many runs at once, each in its own process with `threads // jobs` torch threads
@@ -153,9 +139,7 @@ def run_figure(
     if all_finished([cfg for _, cfg in configs]):  # e.g. imported (`make import-study`): no cold start needed
         print(f"== figure {figure}: all {len(configs)} runs already finished; nothing to train")
         return [cfg for _, cfg in configs]
-    labels = [
-        f"{run} seed {seed} {' '.join(cell)}".strip() for cell, run, seed in _items(figure, scale, seeds)
-    ]
+    labels = [f"{run} seed {seed} {' '.join(cell)}".strip() for cell, run, seed in _items(figure, scale, seeds)]
     if jobs == 1:
         from gspo_study.trainer import train
 
@@ -217,15 +201,15 @@ def _collect(figure, futures: dict, labels: list[str], total: int) -> BaseExcept
     stopped = None
     for n, future in enumerate(as_completed(futures), 1):
         if future.cancelled():
-            stopped = stopped or Terminated(
-                f"SIGTERM: figure {figure}'s sweep stopped; rerun the same command"
-            )
+            stopped = stopped or Terminated(f"SIGTERM: figure {figure}'s sweep stopped; rerun the same command")
             continue
         try:
             seconds, trained = future.result()
         except Terminated as exc:
-            stopped = Terminated(f"SIGTERM: figure {figure}'s sweep stopped, its running runs checkpointed and "
-                                 f"marked KILLED ({exc}); rerun the same command to resume")  # fmt: skip
+            stopped = Terminated(
+                f"SIGTERM: figure {figure}'s sweep stopped, its running runs checkpointed and "
+                f"marked KILLED ({exc}); rerun the same command to resume"
+            )
             continue
         what = f"done in {seconds / 60:.1f} min" if trained else "already finished"
         print(f"== figure {figure} [{n}/{total}] {labels[futures[future]]}: {what}", flush=True)

@@ -45,11 +45,21 @@ NON_IDENTITY = (
 # identity (and are never re-trained): knobs added later, at their defaults, and `eval.batch_size`, at its
 # default — once thought not to change numbers, it does (evaluation draws its samples chunk by chunk from one
 # random stream), so any other value is a different run.
-LATER_KNOBS = {"train.router_lr_scale": 1.0, "sft.target_pass1": None, "sft.check_every": 10,
-               "rollout.sharded": False, "eval.batch_size": 256, "rollout.policy_lag": 0,
-               "algo.hparams": {}, "algo.rollout_correction": "none", "algo.rollout_correction_cap": 3.0,
-               "algo.rollout_correction_geo_cap": 1.01, "algo.icepop_low": 0.5, "algo.icepop_high": 2.0,
-               "sft.per_seed": False}  # fmt: skip
+LATER_KNOBS = {
+    "train.router_lr_scale": 1.0,
+    "sft.target_pass1": None,
+    "sft.check_every": 10,
+    "rollout.sharded": False,
+    "eval.batch_size": 256,
+    "rollout.policy_lag": 0,
+    "algo.hparams": {},
+    "algo.rollout_correction": "none",
+    "algo.rollout_correction_cap": 3.0,
+    "algo.rollout_correction_geo_cap": 1.01,
+    "algo.icepop_low": 0.5,
+    "algo.icepop_high": 2.0,
+    "sft.per_seed": False,
+}
 # Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
 # grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
 # on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).
@@ -224,9 +234,7 @@ def _experiment_id(client, name: str, uri: str) -> str:
             _retry(client.set_experiment_tag, exp.experiment_id, *next(iter(TRAINING_EXPERIMENT.items())))
         return exp.experiment_id
     try:
-        return client.create_experiment(
-            name, artifact_location=artifact_location(uri), tags=TRAINING_EXPERIMENT
-        )
+        return client.create_experiment(name, artifact_location=artifact_location(uri), tags=TRAINING_EXPERIMENT)
     except Exception:  # noqa: BLE001 - a concurrent run may have created it first
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -323,9 +331,7 @@ def _check_store(uri: str) -> None:
         raise ConfigError(f"{where}: {above} is not a directory; allowed: a path in a directory")
     try:
         db.parent.mkdir(parents=True, exist_ok=True)  # as MLflow itself would
-        fd, probe = tempfile.mkstemp(
-            prefix=f".{db.name}.probe-", dir=db.parent
-        )  # sqlite writes a journal here
+        fd, probe = tempfile.mkstemp(prefix=f".{db.name}.probe-", dir=db.parent)  # sqlite writes a journal here
         os.close(fd)
         os.unlink(probe)
         if db.exists():
@@ -443,7 +449,9 @@ class Tracker:
             "scale": cfg.scale,
             "old_logprobs": cfg.algo.old_logprobs,
             **provenance.tags(),  # machine and libraries: another draw gives other numbers
-            "mlflow.note.content": f"{me.name}: {cfg.algo.objective}, replay {cfg.algo.routing_replay}, seed {cfg.seed}",
+            "mlflow.note.content": (
+                f"{me.name}: {cfg.algo.objective}, replay {cfg.algo.routing_replay}, seed {cfg.seed}"
+            ),
         }
 
     @staticmethod
@@ -457,9 +465,7 @@ class Tracker:
     def log_missing_params(self, cfg: Config) -> None:
         """A run killed between its creation and its params gets them on resume — only the missing ones:
         MLflow refuses to change a logged value, and non-identity knobs such as threads may differ."""
-        self._log_params(
-            self.client, self.run_id, cfg, skip=self.client.get_run(self.run_id).data.params.keys()
-        )
+        self._log_params(self.client, self.run_id, cfg, skip=self.client.get_run(self.run_id).data.params.keys())
 
     def finished(self) -> bool:
         return self.client.get_run(self.run_id).info.status == "FINISHED"

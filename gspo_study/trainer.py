@@ -51,7 +51,7 @@ from gspo_study.moe import (
 from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
 from gspo_study.objectives.correction import correction_weights
 from gspo_study.rollout import RolloutBatch, make_engine
-from gspo_study.rollout.base import merge_batches
+from gspo_study.rollout.base import RolloutEngine, merge_batches
 from gspo_study.tasks import get_task
 from gspo_study.tracking import NullTracker, Tracker, tracking_uri
 from gspo_study.train.checkpointing import (
@@ -84,7 +84,7 @@ class Context:
     model: object
     tokenizer: object
     task: object
-    engine: object
+    engine: RolloutEngine
     objective: object
     backend: TorchBackend
     tracker: Tracker | None
@@ -106,9 +106,9 @@ def sync_hooks(ctx: Context) -> dict:
     """How an engine gets whole weights under ZeRO-3: `gather` (every rank holds the whole model while inside;
     the in-process engines), and for an engine that writes them out (vllm_server) `full_state` (gathered layer
     by layer onto rank 0's CPU). The stale behaviour policy (policy lag, torch backend only) is whole anyway."""
-    hooks = {"gather": getattr(ctx.backend, "gathered_parameters", None)}
-    if getattr(ctx.engine, "writes_weights", False) and ctx.lag is None:
-        hooks["full_state"] = getattr(ctx.backend, "full_state_dict", None)
+    hooks = {"gather": ctx.backend.gathered_parameters}
+    if ctx.engine.writes_weights and ctx.lag is None:
+        hooks["full_state"] = ctx.backend.full_state_dict
     return hooks
 
 
@@ -119,12 +119,12 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
     )
     rows = [p for p in problems for _ in range(cfg.rollout.group_size)]
     ctx.engine.sync(ctx.behaviour, **sync_hooks(ctx))
-    recorder = record_routing(ctx.engine.model) if records_rollout_routing(ctx) else None
+    capture = records_rollout_routing(ctx)
     if not cfg.rollout.sharded:  # one random stream for the batch; every rank generates all of it
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "rollout"))
         prompts = [p.prompt for p in rows]
         batch = ctx.engine.generate(
-            prompts, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen, routing_recorder=recorder
+            prompts, cfg.rollout.max_new_tokens, cfg.rollout.temperature, gen, capture_routing=capture
         )
         return rows, batch
     # Sharded: rank r generates rows r·B/W … (r+1)·B/W − 1, response i from its own stream; then every rank
@@ -134,7 +134,7 @@ def rollout(ctx: Context, step: int) -> tuple[list, RolloutBatch]:
         [rows[i].prompt for i in mine],
         cfg.rollout.max_new_tokens,
         cfg.rollout.temperature,
-        routing_recorder=recorder,
+        capture_routing=capture,
         row_seeds=[derive_seed(cfg.seed, step, f"rollout/{i}") for i in mine],
     )
     return rows, merge_batches(gather(local, ctx.world), ctx.tokenizer.pad_token_id)
@@ -145,7 +145,7 @@ def records_rollout_routing(ctx: Context) -> bool:
     engine can do so at no cost to its tokens (the HF engine), for the train–inference routing telemetry."""
     if replay_mode(ctx.cfg).records_rollout:
         return True
-    return getattr(ctx.engine, "records_routing", False) and has_moe(ctx.engine.model)
+    return ctx.engine.records_routing and has_moe(ctx.engine.model)
 
 
 def chunks(n: int, size: int | None) -> list[torch.Tensor]:
@@ -279,9 +279,7 @@ def update_minibatch(
     everyone = gather((parts, ent_sum), ctx.world)
     parts, ent_sum = [p for ps, _ in everyone for p in ps], sum(e for _, e in everyone)
     routing = RoutingTrace.cat(traces) if traces else None
-    return MinibatchResult(
-        combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing
-    )
+    return MinibatchResult(combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing)
 
 
 def per_update_volatility(natural_old: RoutingTrace, result: MinibatchResult, mask: torch.Tensor) -> dict:
@@ -298,9 +296,7 @@ def update(
     """`num_minibatches` updates over a seeded permutation of the batch (with π_old's routing `natural_old`, the
     second update's forward also measures the routing volatility after one update)."""
     cfg = ctx.cfg
-    perm = torch.randperm(
-        len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch"))
-    )
+    perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch")))
     sums, out, norms = defaultdict(float), {}, []
     ent_sum = ent_tokens = 0.0
     lr = learning_rate(cfg, step)
@@ -369,11 +365,7 @@ def telemetry(
     if natural_old is not None:
         rows = telemetry_rows(ctx, len(batch), step)
         sub = batch if rows is None else batch.select(rows)
-        pick = (
-            (lambda x: x)
-            if rows is None
-            else (lambda x: x.select(rows) if isinstance(x, RoutingTrace) else x[rows])
-        )
+        pick = (lambda x: x) if rows is None else (lambda x: x.select(rows) if isinstance(x, RoutingTrace) else x[rows])
         new_lp, natural_new = policy_pass(ctx, sub, None)
         vol = routing_volatility(pick(natural_old), natural_new, sub.response_mask)
         out.update({f"moe/routing_volatility/{k}": v for k, v in vol.items()})
@@ -496,7 +488,7 @@ def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None
             "none (allowed here: routing_replay=none)"
         )
     rank, world, backend = make_backend(cfg, model)
-    if hasattr(backend, "load_sharded") and state.step > 0:  # deepspeed: every rank reads its ZeRO partition
+    if backend.sharded and state.step > 0:  # deepspeed: every rank reads its ZeRO partition
         if state.zero_tag:
             backend.load_sharded(run_dir(cfg) / "zero", state.zero_tag)
         else:
@@ -510,8 +502,15 @@ def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None
         saved = PolicyLag.load(run_dir(cfg) / "checkpoint" / SNAPSHOTS) if state.step > 0 else []
         lag = PolicyLag(model, r.policy_lag, saved)
     behaviour = model if lag is None else lag.model
-    engine = make_engine(r.engine, behaviour, tokenizer, r.dtype, r.vllm_gpu_memory_utilization, r.server,
-                         run_dir(cfg) / "server-weights")  # fmt: skip
+    engine = make_engine(
+        r.engine,
+        behaviour,
+        tokenizer,
+        r.dtype,
+        r.vllm_gpu_memory_utilization,
+        r.server,
+        run_dir(cfg) / "server-weights",
+    )
     return Context(
         cfg=cfg,
         model=model,
@@ -653,6 +652,8 @@ def _train(cfg: Config, asked=lambda: False) -> dict[str, float]:
         ctx.engine.close()  # a vllm_server pool the run started stops with it
     tracker.set_status("FINISHED")
     if ctx.rank == 0 and "eval/pass@1" in metrics:
-        print(f"{run_dir(cfg).name}: step {ctx.state.step}, held-out pass@1 {metrics['eval/pass@1']:.3f}; "
-              f"MLflow run {tracker.run_id} in {tracking_uri(cfg)}")  # fmt: skip
+        print(
+            f"{run_dir(cfg).name}: step {ctx.state.step}, held-out pass@1 {metrics['eval/pass@1']:.3f}; "
+            f"MLflow run {tracker.run_id} in {tracking_uri(cfg)}"
+        )
     return metrics

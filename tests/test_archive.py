@@ -44,9 +44,7 @@ def runs_of(root: Path) -> dict[str, object]:
     """run_key → MLflow run of every training run in the store."""
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     exp = client.get_experiment_by_name("study-smoke")
-    return {
-        r.data.tags["run_key"]: r for r in client.search_runs([exp.experiment_id]) if "run_key" in r.data.tags
-    }
+    return {r.data.tags["run_key"]: r for r in client.search_runs([exp.experiment_id]) if "run_key" in r.data.tags}
 
 
 def history(root: Path, run) -> list[tuple]:
@@ -82,9 +80,7 @@ def test_export_then_import_redraws_byte_identical(shipped, tmp_path, capsys):
     fresh = tmp_path / "fresh"  # a fresh clone: no store, no cold start
     assert main(["import-study", "--scale", "smoke", "--file", str(archive), *store(fresh)]) == 0
     assert "3 runs added, 0 already there" in capsys.readouterr().out
-    assert (
-        main(["import-study", "--scale", "smoke", "--file", str(archive), *store(fresh)]) == 0
-    )  # idempotent
+    assert main(["import-study", "--scale", "smoke", "--file", str(archive), *store(fresh)]) == 0  # idempotent
     assert "0 runs added, 3 already there" in capsys.readouterr().out
 
     mine, theirs = runs_of(trained), runs_of(fresh)
@@ -101,8 +97,11 @@ def test_export_then_import_redraws_byte_identical(shipped, tmp_path, capsys):
     shutil.copy(archive, fresh / "smoke" / ARCHIVE)  # shipped beside the figures, as in the repository
     done = subprocess.run(
         ["make", "reproduce-figure-1", "SCALE=smoke", "SEEDS=1", "OVERRIDES=" + " ".join(store(fresh))],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "all 2 runs already finished; nothing to train" in done.stdout
     assert "note:" not in done.stdout  # the imported runs are the shipped ones: the same draw
@@ -134,9 +133,7 @@ def test_archive_holds_every_figure_run_compactly(shipped):
     assert {r["run_name"] for r in rows} == {"gspo-nr-s1", "grpo-r2-s1", "grpo-nr-s1"}
     assert all(r["status"] == "FINISHED" and r["params"]["algo.objective"] for r in rows)
     n = sum(len(r["metrics"]) for r in rows)
-    assert (
-        n > 300 and archive.stat().st_size < 60 * n
-    )  # compressed: well under the 8+ bytes a raw float takes × 7
+    assert n > 300 and archive.stat().st_size < 60 * n  # compressed: well under the 8+ bytes a raw float takes × 7
 
 
 def test_every_run_records_its_provenance(shipped):
@@ -198,15 +195,9 @@ def test_interrupted_import_is_finished_and_bad_archives_are_one_line(shipped, t
         assert main(["import-study", "--scale", "smoke", "--file", str(path), *store(fresh)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and str(path) in err[0], err
-    assert (
-        main([*export_args(trained)[:3], "--seeds", "2", *export_args(trained)[5:]]) == 2
-    )  # seed 2: untrained
+    assert main([*export_args(trained)[:3], "--seeds", "2", *export_args(trained)[5:]]) == 2  # seed 2: untrained
     err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        len(err) == 1
-        and "3 run(s) of scale 'smoke' not finished" in err[0]
-        and "reproduce-figure-N" in err[0]
-    )
+    assert len(err) == 1 and "3 run(s) of scale 'smoke' not finished" in err[0] and "reproduce-figure-N" in err[0]
     part = tmp_path / "part.parquet"  # --partial: the finished runs (seed 1), the others named and left out
     args = [
         *export_args(trained)[:3],
@@ -220,6 +211,4 @@ def test_interrupted_import_is_finished_and_bad_archives_are_one_line(shipped, t
     assert main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "3 finished runs" in out[0] and "3 not finished, left out" in out[0], out
-    assert sorted(r["run_id"] for r in read_archive(part)) == sorted(
-        r["run_id"] for r in read_archive(archive)
-    )
+    assert sorted(r["run_id"] for r in read_archive(part)) == sorted(r["run_id"] for r in read_archive(archive))

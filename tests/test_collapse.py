@@ -43,9 +43,7 @@ def test_losing_less_than_half_the_gain_is_not_a_collapse():
 def test_pass_at_1_ending_below_the_cold_start():
     steps = [0, 50, 100, 150, 200, 250, 300]
     assert pass_collapse(steps, [0.5, 0.55, 0.6, 0.3, 0.35, 0.2, 0.1]) == 150  # below from 150 to the end
-    assert (
-        pass_collapse(steps, [0.5, 0.55, 0.3, 0.6, 0.35, 0.2, 0.1]) == 200
-    )  # the final stretch below counts
+    assert pass_collapse(steps, [0.5, 0.55, 0.3, 0.6, 0.35, 0.2, 0.1]) == 200  # the final stretch below counts
     assert pass_collapse(steps, [0.5, 0.3, 0.3, 0.3, 0.3, 0.3, 0.52]) is None  # recovered by the end
     assert pass_collapse(steps, [0.5] + [0.5 - PASS_MARGIN / 2] * 6) is None  # within the margin: noise
     assert pass_collapse([0], [0.5]) is None

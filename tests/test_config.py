@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_base_inheritance_and_overrides(tmp_path):
         ("eval.num_prompts=0", "'eval.num_prompts'; allowed: an integer >= 1"),
         ("eval.batch_size=0", "'eval.batch_size'; allowed: an integer >= 1"),
         ("threads=0", "'threads'; allowed: null (torch's default) or an integer >= 1"),
-        ("algo.advantage_eps=-1", "'algo.advantage_eps'; allowed: a number >= 0"),
+        ("algo.advantage_eps=-1", "'algo.advantage_eps'; allowed: a number in [0, 1]"),
         ("rollout.group_size=abc", "'rollout.group_size' (Value 'abc'"),
         ("rollout.group_size=abc", "; allowed: an integer"),
         ("rollout.sharded=maybe", "; allowed: true or false"),
@@ -59,9 +60,7 @@ def test_errors_name_key_and_allowed(override, fragment):
 
 def test_section_given_a_value_in_file(tmp_path):
     (tmp_path / "bad.yaml").write_text("algo: gspo\n")
-    with pytest.raises(
-        ConfigError, match=r"bad value 'gspo' for 'algo'; allowed: a mapping of algo\.\* keys"
-    ):
+    with pytest.raises(ConfigError, match=r"bad value 'gspo' for 'algo'; allowed: a mapping of algo\.\* keys"):
         load_config(["experiments/smoke/base.yaml", tmp_path / "bad.yaml"])
 
 
@@ -96,9 +95,7 @@ def test_every_experiment_file_loads_on_every_scale(scale):
     from pathlib import Path
 
     base = Path(f"experiments/{scale}/base.yaml")
-    for extra in sorted(Path("experiments/runs").glob("*.yaml")) + sorted(
-        Path("experiments/ablations").glob("*.yaml")
-    ):
+    for extra in sorted(Path("experiments/runs").glob("*.yaml")) + sorted(Path("experiments/ablations").glob("*.yaml")):
         cfg = load_config([base, extra])
         assert cfg.scale == scale, extra  # the run file changes switches, never the scale
     assert load_config(Path(f"experiments/{scale}/coldstart.yaml")).scale == scale
@@ -112,8 +109,9 @@ def test_later_knobs_at_their_default_keep_run_identity():
 
     files = ["experiments/cpu/base.yaml", "experiments/runs/gspo.yaml"]
     base = load_config(files)
-    assert all(run_key(load_config(files, [f"{k}={v}"])) == run_key(base) for k, v in LATER_KNOBS.items()
-               if v is not None)  # fmt: skip
+    assert all(
+        run_key(load_config(files, [f"{k}={v}"])) == run_key(base) for k, v in LATER_KNOBS.items() if v is not None
+    )
     assert run_key(load_config(files, ["train.router_lr_scale=30"])) != run_key(base)
     # evaluation draws its samples chunk by chunk from one stream: another eval batch size is another run
     assert run_key(load_config(files, ["eval.batch_size=64"])) != run_key(base)
@@ -127,8 +125,10 @@ def test_bit_identical_kernels_share_run_identity():
     from gspo_study.tracking import run_key
 
     files = ["experiments/cpu/base.yaml", "experiments/runs/gspo.yaml"]
-    key = {impl: run_key(load_config(files, [f"model.experts_implementation={impl}"])) for impl in
-           ("grouped_mm_index", "grouped_mm", "eager")}  # fmt: skip
+    key = {
+        impl: run_key(load_config(files, [f"model.experts_implementation={impl}"]))
+        for impl in ("grouped_mm_index", "grouped_mm", "eager")
+    }
     assert key["grouped_mm_index"] == key["grouped_mm"] == run_key(load_config(files)) != key["eager"]
 
 
@@ -145,3 +145,48 @@ def test_cold_start_of_a_cell_at_the_preset_depth_on_a_deeper_base():
     deep = run_config("cpu", "gspo", 1)
     sft = load_config(EXPERIMENTS / "cpu" / "coldstart.yaml", list(coldstart_overrides(deep)))
     assert coldstart_name(sft) == coldstart_name(deep) == "coldstart-L16"
+
+
+# ------------------------------------------------------------------ the listing: `python -m gspo_study config`
+def test_every_field_has_a_doc_and_allowed_values():
+    from gspo_study.config import allowed, field_docs
+
+    flat = to_flat_dict(load_config("experiments/smoke/base.yaml"))
+    docs = field_docs()
+    assert set(flat) <= set(docs)
+    assert [k for k in flat if len(docs[k]) < 10] == []
+    assert [k for k in flat if not allowed(k)] == []
+
+
+@pytest.mark.parametrize("key", sorted(__import__("gspo_study.config", fromlist=["RANGES"]).RANGES))
+def test_a_value_outside_each_range_is_refused_with_the_listed_words(key):
+    """The allowed values `config` lists are the words of the field's own one-line error, for every range."""
+    from gspo_study.config import RANGES, allowed
+
+    rule = RANGES[key]
+    bad = (rule.low - (0 if rule.open_low else 1)) if rule.low is not None else rule.high + 1
+    extra = ["rollout.engine=vllm_server"] if key.startswith("rollout.server.") else []
+    extra += ["rollout.engine=vllm"] if key == "rollout.vllm_gpu_memory_utilization" else []
+    extra += ["task.name=math_file", "task.path=x.jsonl"] if key == "task.num_eval" else []
+    bad = int(bad) if "an integer" in allowed(key) else bad
+    with pytest.raises(ConfigError) as err:
+        load_config("experiments/smoke/base.yaml", [*extra, f"{key}={bad}"])
+    assert f"for '{key}'; allowed: {allowed(key)}" in str(err.value)
+
+
+def test_listing_names_the_layer_that_set_each_field(tmp_path, capsys):
+    from gspo_study.cli import main
+    from gspo_study.config import describe_config
+
+    files = ["experiments/smoke/base.yaml", "experiments/runs/grpo_r2.yaml"]
+    rows = {r.key: r for r in describe_config(files, ["train.lr=1e-4"])}
+    assert rows["algo.routing_replay"].source == "experiments/runs/grpo_r2.yaml"
+    assert rows["train.lr"].source == "override 'train.lr=1e-4'" and rows["train.lr"].value == 1e-4
+    assert rows["rollout.group_size"].source == "experiments/smoke/base.yaml"
+    assert rows["algo.icepop_low"].source == "default" and rows["algo.icepop_low"].value == 0.5
+    assert rows["algo.objective"].allowed.startswith("cispo, gmpo, grpo, gspo")
+    assert main(["config", "experiments/smoke/base.yaml", "train.lr=1e-4", "--changed", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {r["key"] for r in listed} >= {"train.lr", "scale"} and "algo.icepop_low" not in {r["key"] for r in listed}
+    assert main(["config", "experiments/smoke/base.yaml", "train.lr=-1"]) == 2
+    assert "for 'train.lr'; allowed: a number in (0, 1]" in capsys.readouterr().err

@@ -87,8 +87,9 @@ def reference_loss(name, lp, old, adv, mask, c, lo, hi):
 @pytest.mark.parametrize("name", ["grpo", "gspo", "gspo_token"])
 def test_each_mode_matches_a_float64_reference(name, mode):
     lp, old, mu, adv, mask = make(spread=0.8 if mode != "geometric_mask" else 0.03)
-    c, metrics = correction_weights(old_logprobs=old, rollout_logprobs=mu, mask=mask, mode=mode, cap=CAP,
-                                    geo_cap=GEO, icepop=ICE)  # fmt: skip
+    c, metrics = correction_weights(
+        old_logprobs=old, rollout_logprobs=mu, mask=mask, mode=mode, cap=CAP, geo_cap=GEO, icepop=ICE
+    )
     want = reference_c(old, mu, mask, mode)
     torch.testing.assert_close(c, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=0)
     obj = get_objective(name, clip_low=0.2, clip_high=0.27)  # a range wide enough to leave gradients
@@ -151,11 +152,7 @@ def test_each_mode_runs_in_the_trainer_and_logs_its_metrics(smoke_cfg, mode):
     cfg = smoke_cfg("algo.objective=grpo", "rollout.dtype=bfloat16", f"algo.rollout_correction={mode}")
     metrics = trainer.rl_step(trainer.setup(cfg), 1)
     assert set(CORRECTION_METRICS) <= metrics.keys() and "correction/masked_frac/token/mb_3" in metrics
-    assert (
-        metrics["correction/weight/min"]
-        <= metrics["correction/weight/mean"]
-        <= metrics["correction/weight/max"]
-    )
+    assert metrics["correction/weight/min"] <= metrics["correction/weight/mean"] <= metrics["correction/weight/max"]
     assert metrics["correction/weight/mean"] != 1.0  # a bf16 engine: μ differs from π_old
 
 

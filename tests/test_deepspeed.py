@@ -40,22 +40,33 @@ def _weights(cfg) -> dict[str, torch.Tensor]:
 
 
 def _torchrun(overrides: list[str], env=ENV, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "gspo_study", "train",
-           "experiments/smoke/base.yaml", *overrides]  # fmt: skip
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "gspo_study",
+        "train",
+        "experiments/smoke/base.yaml",
+        *overrides,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert not check or done.returncode == 0, done.stderr[-3000:]
     return done
 
 
 def _store(cfg) -> list[str]:
-    return [f"results_dir={cfg.results_dir}", f"tracking.uri={cfg.tracking.uri}",
-            f"init_checkpoint={cfg.init_checkpoint}"]  # fmt: skip
+    return [
+        f"results_dir={cfg.results_dir}",
+        f"tracking.uri={cfg.tracking.uri}",
+        f"init_checkpoint={cfg.init_checkpoint}",
+    ]
 
 
 @pytest.mark.parametrize("objective, replay, stage, extra", CASES)
 def test_two_ranks_match_single_process(smoke_cfg, objective, replay, stage, extra):
-    common = [f"algo.objective={objective}", f"algo.routing_replay={replay}", "train.steps=2", "eval.every=0",
-              *extra]  # fmt: skip
+    common = [f"algo.objective={objective}", f"algo.routing_replay={replay}", "train.steps=2", "eval.every=0", *extra]
     single = smoke_cfg(*common)
     train(single)
     ranks = [*common, "train.backend=deepspeed", f"train.zero_stage={stage}"]
@@ -91,8 +102,14 @@ def test_two_ranks_match_single_process(smoke_cfg, objective, replay, stage, ext
 def test_resume_from_zero_checkpoint_gives_uninterrupted_numbers(smoke_cfg, tmp_path):
     """Killed (SIGKILL) right after its step-2 checkpoint, a 2-rank ZeRO-2 run resumes from the ZeRO state and
     logs at step 3 what a run that was never interrupted logs; only the newest ZeRO tag is kept."""
-    run = ["train.backend=deepspeed", "train.zero_stage=2", "train.steps=3", "eval.every=0",
-           "train.checkpoint_every=1", "rollout.sharded=true"]  # fmt: skip
+    run = [
+        "train.backend=deepspeed",
+        "train.zero_stage=2",
+        "train.steps=3",
+        "eval.every=0",
+        "train.checkpoint_every=1",
+        "rollout.sharded=true",
+    ]
     other = [f"results_dir={tmp_path / 'killed'}", "tracking.experiment=killed"]  # same run, own dir
     whole, killed = smoke_cfg(*run, "seed=5"), smoke_cfg(*run, "seed=5", *other)
     _torchrun(_store(whole) + run + ["seed=5"])
@@ -129,7 +146,7 @@ def test_bad_store_stops_every_rank_with_one_line(smoke_cfg, tmp_path):
     done = _torchrun(bad + ["train.backend=deepspeed", "train.steps=1"], check=False)
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and all("http://127.0.0.1:9" in e and "unreachable" in e for e in errors), (
-        done.stderr[-3000:]
-    )
+    assert len(errors) == 2 and all("http://127.0.0.1:9" in e and "unreachable" in e for e in errors), done.stderr[
+        -3000:
+    ]
     assert not (tmp_path / "bad").exists()

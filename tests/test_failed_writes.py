@@ -29,9 +29,7 @@ def disk(tmp_path):
     """A 72 MiB tmpfs (above the suite's 64 MiB free-space floor), unmounted afterwards."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=72M", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=72M", "tmpfs", str(mnt)], capture_output=True).returncode:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
@@ -49,8 +47,13 @@ def fill(mnt: Path, leave: int = 64 << 10) -> Path:
 
 def run_until_full(argv: list[str], ready, mnt: Path, leave: int = 64 << 10) -> tuple[int, str]:
     """Start the CLI, fill the disk once `ready()` holds (the job is past its checks), return (rc, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "gspo_study", *argv], env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_study", *argv],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def watch():
         deadline = time.time() + 240
@@ -76,9 +79,7 @@ def one_line(err: str) -> str:
 def test_checkpoint_write_fails_midway(smoke_results, tmp_path, disk):
     init = smoke_results / "smoke/checkpoints/coldstart"
     args = ["train.steps=6", "train.checkpoint_every=3", "eval.every=3", f"init_checkpoint={init}"]
-    ref = load_config(
-        SMOKE, [f"results_dir={tmp_path / 'ref'}", f"tracking.uri=sqlite:///{tmp_path}/ref.db", *args]
-    )
+    ref = load_config(SMOKE, [f"results_dir={tmp_path / 'ref'}", f"tracking.uri=sqlite:///{tmp_path}/ref.db", *args])
     train(ref)
     over = [f"results_dir={disk}", f"tracking.uri=sqlite:///{tmp_path}/m.db", *args]
     cfg = load_config(SMOKE, over)
@@ -86,9 +87,7 @@ def test_checkpoint_write_fails_midway(smoke_results, tmp_path, disk):
     ready = lambda: any(ckpt.glob("*/checkpoint/CHECKPOINT_COMPLETE"))  # noqa: E731 - step 3's checkpoint
     rc, err = run_until_full(["train", SMOKE, *over], ready, disk)
     line = one_line(err)
-    assert (
-        rc == 4 and line.startswith("error: a write failed (") and "No space left on device" in one_line(err)
-    ), err
+    assert rc == 4 and line.startswith("error: a write failed (") and "No space left on device" in one_line(err), err
     (kept,) = list(ckpt.glob("*/checkpoint"))
     verify(kept)  # the previous checkpoint is whole (its manifest) and is step 3's
     assert '"step": 3' in (kept / "trainer_state.json").read_text()
@@ -108,9 +107,7 @@ def test_cold_start_write_fails_midway(tmp_path, disk):
     checkpoints = disk / "smoke" / "checkpoints"
     rc, err = run_until_full(["sft", SMOKE, *over], checkpoints.exists, disk)  # past its free-space probe
     assert (
-        rc == 4
-        and one_line(err).startswith("error: a write failed (")
-        and "No space left on device" in one_line(err)
+        rc == 4 and one_line(err).startswith("error: a write failed (") and "No space left on device" in one_line(err)
     ), err
     assert not is_complete(checkpoints / "coldstart") and not list(checkpoints.glob(".coldstart.tmp-*"))
     (disk / "filler").unlink()
@@ -121,9 +118,7 @@ def test_cold_start_write_fails_midway(tmp_path, disk):
 def test_store_write_fails_midway(smoke_results, tmp_path, disk):
     init = smoke_results / "smoke/checkpoints/coldstart"
     args = ["train.steps=6", "train.checkpoint_every=2", "eval.every=3", f"init_checkpoint={init}"]
-    ref = load_config(
-        SMOKE, [f"results_dir={tmp_path / 'ref'}", f"tracking.uri=sqlite:///{tmp_path}/ref.db", *args]
-    )
+    ref = load_config(SMOKE, [f"results_dir={tmp_path / 'ref'}", f"tracking.uri=sqlite:///{tmp_path}/ref.db", *args])
     train(ref)
     uri = f"sqlite:///{disk}/m.db"
     over = [f"results_dir={tmp_path / 'res'}", f"tracking.uri={uri}", *args]
@@ -143,10 +138,20 @@ def test_store_write_fails_midway(smoke_results, tmp_path, disk):
 
 def test_export_write_fails_midway(smoke_results, tmp_path, disk):
     init = smoke_results / "smoke/checkpoints/coldstart"
-    common = [f"results_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db", "train.steps=2",
-              f"init_checkpoint={init}"]  # fmt: skip
-    assert subprocess.run([sys.executable, "-m", "gspo_study", "sweep", "--figure", "1", "--scale", "smoke",
-                           "--seeds", "1", *common], env=ENV, capture_output=True).returncode == 0  # fmt: skip
+    common = [
+        f"results_dir={tmp_path}",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db",
+        "train.steps=2",
+        f"init_checkpoint={init}",
+    ]
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "gspo_study", "sweep", "--figure", "1", "--scale", "smoke", "--seeds", "1", *common],
+            env=ENV,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     out = disk / "runs.parquet"
     export = [
         "export-study",
@@ -160,20 +165,12 @@ def test_export_write_fails_midway(smoke_results, tmp_path, disk):
         str(out),
         *common,
     ]
-    assert (
-        subprocess.run([sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True).returncode
-        == 0
-    )
+    assert subprocess.run([sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True).returncode == 0
     before = out.read_bytes()
     fill(disk, leave=0)
-    res = subprocess.run(
-        [sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True, text=True
-    )
+    res = subprocess.run([sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True, text=True)
     assert res.returncode == 4 and one_line(res.stderr).startswith("error: a write failed"), res.stderr
     assert out.read_bytes() == before and sorted(p.name for p in disk.iterdir()) == ["filler", "runs.parquet"]
     (disk / "filler").unlink()
-    assert (
-        subprocess.run([sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True).returncode
-        == 0
-    )
+    assert subprocess.run([sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True).returncode == 0
     assert out.read_bytes() == before

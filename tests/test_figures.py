@@ -80,8 +80,7 @@ def histories(client: MlflowClient, pairs) -> dict[tuple[str, int], dict[str, di
     for name, cfg in pairs:
         run = client.search_runs([exp.experiment_id], f"tags.run_key = '{run_key(cfg)}'")[0]
         out[(name, cfg.seed)] = {
-            k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
-            for k in run.data.metrics
+            k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in run.data.metrics
         }
     return out
 
@@ -189,8 +188,11 @@ def test_make_reproduce_figure_1_path(study):
     root, overrides = study
     done = subprocess.run(
         ["make", "reproduce-figure-1", "SCALE=smoke", "SEEDS=1", "OVERRIDES=" + " ".join(overrides)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     csv = pd.read_csv(root / "smoke" / "figure-1.csv")
     assert set(csv[csv.kind == "curve"].n_seeds) == {1} and (root / "smoke" / "figure-1.png").is_file()
@@ -229,9 +231,7 @@ def test_report_one_row_per_claim(study):
         counts = re.search(r"(\d+) of (\d+) sweep runs", row)
         if c.figure == 6:  # measured on figure 6's runs, trained above
             assert counts and counts[1] == counts[2] and not row.endswith("| not run |"), row
-        elif (
-            c.figure is not None and c.figure != 11
-        ):  # the other sweeps were not trained here (11: by the figure test)
+        elif c.figure is not None and c.figure != 11:  # the other sweeps were not trained here (11: by the figure test)
             assert row.endswith("| not run |") if counts is None else int(counts[1]) < int(counts[2])
 
 
@@ -279,9 +279,7 @@ def test_figure_8_sweep(smoke_results, tmp_path):
         per.setdefault((name, cfg.train.lr, figures.depth(cfg)), []).append((p[0], p[max(p)], np.mean(v)))
     curves, points, refs = (csv[csv.kind == k] for k in ("curve", "point", "reference"))
     assert len(curves) == len(points) == len(per) and len(refs) == 2 and set(csv.panel) == set("abc")
-    names = [
-        r.info.run_name for r in client.search_runs([exp.experiment_id], "attributes.run_name != 'figure-8'")
-    ]
+    names = [r.info.run_name for r in client.search_runs([exp.experiment_id], "attributes.run_name != 'figure-8'")]
     assert len(names) == len(set(names)) == len(pairs)  # each cell's runs named apart by their variant
     assert "gspo-nr-s1 model.num_hidden_layers=1 train.lr=" in " | ".join(names)
     for r in curves.itertuples():
@@ -339,9 +337,7 @@ def test_parallel_jobs_train_the_same_runs(study, smoke_results, tmp_path):
     run_figure(3, "smoke", SEEDS, mine, jobs=2)
     timing = ("compute/seconds", "perf/")  # wall clock differs from run to run
     keep = lambda h: {k: v for k, v in h.items() if not k.startswith(timing)}  # noqa: E731
-    want = histories(
-        MlflowClient(f"sqlite:///{root}/mlflow.db"), figure_configs(3, "smoke", SEEDS, overrides)
-    )
+    want = histories(MlflowClient(f"sqlite:///{root}/mlflow.db"), figure_configs(3, "smoke", SEEDS, overrides))
     got = histories(MlflowClient(f"sqlite:///{tmp_path}/mlflow.db"), figure_configs(3, "smoke", SEEDS, mine))
     assert set(got) == set(want) and len(got) == 4
     for key in want:
@@ -394,9 +390,7 @@ def test_figure_9_policy_lag_sweep(smoke_results, tmp_path):
     path = report.make_report("smoke", SEEDS, overrides, figure=9)
     assert path.name == "REPORT-figure-9.md"
     table = [line for line in path.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [int(line.split("|")[1]) for line in table] == [
-        i + 1 for i, c in enumerate(report.CLAIMS) if c.figure == 9
-    ]
+    assert [int(line.split("|")[1]) for line in table] == [i + 1 for i, c in enumerate(report.CLAIMS) if c.figure == 9]
     regime = int(re.search(r"regime = lag (\d+)", table[0])[1])
     assert regime in (0, 2) and f"regime = lag {regime}" in table[1] and "GSPO − GRPO + R2" in table[1]
     share0 = float(np.mean(per_run("grpo", 0, mean_of("moe/route/var_share"))))
@@ -422,9 +416,7 @@ def test_figure_10_corrections(study):
             values = [v[max(v)] for v in h]
         elif r.panel == "b":
             cfg = dict(pairs)[r.run]
-            values = [
-                np.mean([x for step, x in v.items() if step > cfg.train.steps - cfg.eval.every]) for v in h
-            ]
+            values = [np.mean([x for step, x in v.items() if step > cfg.train.steps - cfg.eval.every]) for v in h]
         else:
             values = [np.mean(list(v.values())) for v in h]
         assert all(close(a, b) for a, b in zip((r.mean, r.lower, r.upper, r.n_seeds), seed_stats(values))), r
@@ -433,11 +425,8 @@ def test_figure_10_corrections(study):
     path = report.make_report("smoke", SEEDS, overrides, figure=10)
     assert path.name == "REPORT-figure-10.md"
     table = [line for line in path.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [int(line.split("|")[1]) for line in table] == [
-        i + 1 for i, c in enumerate(report.CLAIMS) if c.figure == 10
-    ]
-    final = {r: [h[mlflow_key(PASS1)][max(h[mlflow_key(PASS1)])] for h in (hist[(r, s)] for s in SEEDS)]
-             for r in every}  # fmt: skip
+    assert [int(line.split("|")[1]) for line in table] == [i + 1 for i, c in enumerate(report.CLAIMS) if c.figure == 10]
+    final = {r: [h[mlflow_key(PASS1)][max(h[mlflow_key(PASS1)])] for h in (hist[(r, s)] for s in SEEDS)] for r in every}
     bypass = [a - b for a, b in zip(final["gspo_bf16_rollout"], final["gspo_bf16_tis"])]
     assert "GSPO: bypass − recompute (token TIS): " in table[0] and f"Δ {np.mean(bypass):.4g}" in table[0]
     r3 = [a - b for a, b in zip(final["grpo_r3_bf16"], final["grpo_r2_bf16_recompute"])]
@@ -463,9 +452,7 @@ def test_long_horizon_report_rows(study):
     assert "half-width" in rows[1] and "(n=2)" in rows[1]
     for sd in (0.01, 0.05, 0.1):
         n = report.seeds_needed(sd)
-        assert (
-            stats.t.ppf(0.975, n - 1) * sd / n**0.5 <= 0.05 < stats.t.ppf(0.975, n - 2) * sd / (n - 1) ** 0.5
-        )
+        assert stats.t.ppf(0.975, n - 1) * sd / n**0.5 <= 0.05 < stats.t.ppf(0.975, n - 2) * sd / (n - 1) ** 0.5
 
 
 def test_report_names_a_store_under_the_repository_relatively():

@@ -46,10 +46,7 @@ def test_tiny_check_on_cpu_writes_every_part(tmp_path):
     if server:  # a real server: bf16 rollouts near the fp32 trainer's forward, a push that lands, same seed
         srv = res["vllm_server"]
         assert srv["status"] == "ok" and srv["cpu_build"] and srv["response_tokens"] > 0, srv
-        assert (
-            0 <= srv["mismatch_vs_train_forward"]["k3"] < 0.05
-            and 0 <= srv["mismatch_after_push"]["k3"] < 0.05
-        )
+        assert 0 <= srv["mismatch_vs_train_forward"]["k3"] < 0.05 and 0 <= srv["mismatch_after_push"]["k3"] < 0.05
         assert srv["push"]["reload_s"] < 10 and srv["same_seed_same_tokens"]
     text = (tmp_path / "summary.txt").read_text()
     assert "% per update" in text and "vllm: skipped" in text

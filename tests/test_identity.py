@@ -25,8 +25,11 @@ def current_key(label: str) -> str:
     seed = int(seed.removeprefix("seed="))
     if rest and rest[0] == "+":
         abl = EXPERIMENTS / rest[1]
-        return run_key(load_config([EXPERIMENTS / scale / "base.yaml", EXPERIMENTS / "runs" / f"{run}.yaml", abl],
-                                   [f"seed={seed}"]))  # fmt: skip
+        return run_key(
+            load_config(
+                [EXPERIMENTS / scale / "base.yaml", EXPERIMENTS / "runs" / f"{run}.yaml", abl], [f"seed={seed}"]
+            )
+        )
     return run_key(run_config(scale, run, seed, tuple(rest)))
 
 
@@ -41,10 +44,7 @@ def test_every_pinned_run_keeps_its_key():
 def test_golden_file_covers_every_figure_at_the_cpu_scale():
     golden = json.loads(GOLDEN.read_text())
     for figure in range(1, 11):
-        labels = {
-            " ".join(["cpu", run, f"seed={seed}", *cell])
-            for cell, run, seed in _items(figure, "cpu", [1, 2, 3])
-        }
+        labels = {" ".join(["cpu", run, f"seed={seed}", *cell]) for cell, run, seed in _items(figure, "cpu", [1, 2, 3])}
         assert labels <= golden.keys(), figure
 
 
@@ -64,7 +64,5 @@ def test_run_identity_is_computed_once_per_config(tmp_path):
     assert run_identity(cfg) is me  # cached
     renamed = tmp_path / "smoke" / "runs" / f"old-name-{me.key}"  # a run renamed since keeps its directory
     renamed.mkdir(parents=True)
-    fresh = load_config(
-        "experiments/smoke/base.yaml", [f"results_dir={tmp_path}", "train.lr=3e-3", "threads=2"]
-    )
+    fresh = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", "train.lr=3e-3", "threads=2"])
     assert run_identity(fresh).dir == renamed and run_identity(fresh).key == me.key

@@ -38,9 +38,20 @@ def server(smoke_results, tmp_path_factory):
     run_figure(1, "smoke", [1], overrides)
     make_figure(1, "smoke", [1], overrides)
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-           f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "mlartifacts"),
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).parent / "mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root}/mlflow.db",
+        "--artifacts-destination",
+        str(root / "mlartifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     log = open(root / "server.log", "w")  # closed in teardown, after the server stops
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
     url = f"http://127.0.0.1:{port}"
@@ -84,8 +95,9 @@ def test_rest_api_serves_runs_metrics_and_figure(server):
         assert params["algo.routing_replay"] == cfg.algo.routing_replay
         assert tags["algorithm"] == cfg.algo.objective and tags["routing_replay"] == cfg.algo.routing_replay
         assert tags["seed"] == "1" and len(tags["git_commit"]) > 0
-        hist = _get(url, "/api/2.0/mlflow/metrics/get-history", run_id=run["info"]["run_id"],
-                    metric_key="rollout/reward/mean")["metrics"]  # fmt: skip
+        hist = _get(
+            url, "/api/2.0/mlflow/metrics/get-history", run_id=run["info"]["run_id"], metric_key="rollout/reward/mean"
+        )["metrics"]
         assert sorted(m["step"] for m in hist) == [1, 2, 3]
         assert all(0.0 <= m["value"] <= 1.0 for m in hist)
 

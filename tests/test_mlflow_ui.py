@@ -27,9 +27,17 @@ from gspo_study.study import run_figure  # noqa: E402
 
 APT = "apt-get install -y --no-install-recommends chromium"
 READY_S = 90
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1400,1000"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1000",
+]
 
 
 def chromium() -> str:
@@ -52,17 +60,18 @@ def ui(smoke_results, tmp_path_factory):
     """(printed text, tmp dir) of `make mlflow-ui` serving a store with figure 1's smoke runs and the figure."""
     browser = chromium()
     root = tmp_path_factory.mktemp("ui")
-    overrides = (f"results_dir={root}", f"tracking.uri=sqlite:///{root}/mlflow.db",
-                 f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart")  # fmt: skip
+    overrides = (
+        f"results_dir={root}",
+        f"tracking.uri=sqlite:///{root}/mlflow.db",
+        f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart",
+    )
     run_figure(1, "smoke", [1], overrides)
     make_figure(1, "smoke", [1], overrides)
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root}/mlflow.db"}
     log = open(root / "ui.log", "w")  # closed in teardown, after the server stops
     cmd = ["make", "--no-print-directory", "mlflow-ui", f"PORT={port}", "MLFLOW_WORKERS=1"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc, root / "ui.log", "make mlflow-ui", READY_S)
         yield (root / "ui.log").read_text(), root, browser
@@ -76,8 +85,19 @@ def dom(browser: str, url: str, profile: Path, ready: tuple[str, ...] = ()) -> s
     machine the app can still be fetching when the virtual-time budget ends: up to 3 tries, until every `ready`
     string is on the page (the test's assertions then judge the last DOM)."""
     for attempt, budget in enumerate((10_000, 30_000, 60_000)):  # virtual ms; more on each retry
-        done = subprocess.run([browser, *FLAGS, f"--virtual-time-budget={budget}", f"--user-data-dir={profile}-{attempt}",
-                               "--dump-dom", url], capture_output=True, text=True, timeout=180)  # fmt: skip
+        done = subprocess.run(
+            [
+                browser,
+                *FLAGS,
+                f"--virtual-time-budget={budget}",
+                f"--user-data-dir={profile}-{attempt}",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         if all(r in done.stdout for r in ready):
             break

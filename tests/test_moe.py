@@ -236,9 +236,7 @@ def test_recording_works_with_hf_generate():
     model = smoke()
     prompt, prompt_mask = padded_batch("left", lengths=(5, 3))
     with torch.no_grad(), record_routing(model) as trace:
-        seqs = model.generate(
-            prompt, attention_mask=prompt_mask, max_new_tokens=6, min_new_tokens=6, do_sample=False
-        )
+        seqs = model.generate(prompt, attention_mask=prompt_mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
     mask = torch.cat([prompt_mask, torch.ones(2, seqs.shape[1] - prompt.shape[1], dtype=torch.long)], dim=1)
     ids, mask = seqs[:, :-1], mask[:, :-1]
     assert trace.shape == (2, ids.shape[1], 2)
@@ -383,9 +381,7 @@ def test_grouped_mm_index_backward_is_deterministic_with_threads():
     try:
         grads = []
         for _ in range(3):
-            model = build_model(
-                "qwen3-moe-tiny", TOK, seed=3, experts_implementation="grouped_mm_index"
-            ).train()
+            model = build_model("qwen3-moe-tiny", TOK, seed=3, experts_implementation="grouped_mm_index").train()
             model(input_ids=ids).logits.logsumexp(-1).mean().backward()
             grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     finally:

@@ -178,9 +178,7 @@ def test_padding_garbage_changes_nothing(name, garbage):
             loss, metrics, grad = run(obj, batch)
             p_loss, p_metrics, p_grad = run(obj, padded)
             torch.testing.assert_close(p_loss, loss, rtol=1e-12, atol=1e-15)
-            torch.testing.assert_close(
-                p_grad[:b, :t][batch["mask"]], grad[batch["mask"]], rtol=1e-12, atol=1e-15
-            )
+            torch.testing.assert_close(p_grad[:b, :t][batch["mask"]], grad[batch["mask"]], rtol=1e-12, atol=1e-15)
             assert torch.isfinite(p_grad).all() and (p_grad[~padded_mask] == 0).all()
             for key in METRIC_NAMES:
                 assert p_metrics[key] == pytest.approx(metrics[key], rel=1e-12, abs=1e-15), key

@@ -22,9 +22,7 @@ LAYERS, EXPERTS, TOP_K = 4, 8, 2
 
 def _source(path, norm_topk_prob=True, **save_kwargs):
     tok = build_char_tokenizer()
-    model = build_model(
-        "qwen3-moe-smoke", tok, seed=3, num_hidden_layers=LAYERS, norm_topk_prob=norm_topk_prob
-    )
+    model = build_model("qwen3-moe-smoke", tok, seed=3, num_hidden_layers=LAYERS, norm_topk_prob=norm_topk_prob)
     if save_kwargs:  # e.g. a sharded source
         path.mkdir(parents=True)
         model.save_pretrained(path, **save_kwargs)
@@ -125,9 +123,7 @@ def test_expert_subset_is_the_full_model_with_dropped_experts_masked(tmp_path, n
             torch.testing.assert_close(gates[inside].sort(-1).values, gates_full[inside].sort(-1).values)
         else:  # the full gate divided by the kept experts' probability mass
             mass = torch.softmax(logits_full[inside], -1)[:, ids].sum(-1, keepdim=True)
-            torch.testing.assert_close(
-                gates[inside].sort(-1).values, (gates_full[inside] / mass).sort(-1).values
-            )
+            torch.testing.assert_close(gates[inside].sort(-1).values, (gates_full[inside] / mass).sort(-1).values)
             assert (mass < 1).all()
 
 

@@ -72,8 +72,7 @@ def test_external_sigkill_during_checkpoint_then_resume(smoke_cfg, smoke_results
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # kill mid-write if we catch one, else after ckpt 1
         if runs.exists() and (
-            any(p.name.startswith(".checkpoint.tmp") for p in runs.iterdir())
-            or (runs / "checkpoint").exists()
+            any(p.name.startswith(".checkpoint.tmp") for p in runs.iterdir()) or (runs / "checkpoint").exists()
         ):
             break
         time.sleep(0.001)
@@ -219,9 +218,7 @@ class FlakyRewardTask(ArithTask):
 
 
 def test_reward_that_raises_scores_zero_and_is_counted(smoke_cfg, monkeypatch):
-    monkeypatch.setitem(
-        TASKS, "flaky", lambda cfg: FlakyRewardTask(num_terms=cfg.num_terms, digits=cfg.digits)
-    )
+    monkeypatch.setitem(TASKS, "flaky", lambda cfg: FlakyRewardTask(num_terms=cfg.num_terms, digits=cfg.digits))
     monkeypatch.setattr("gspo_study.config.validate", lambda cfg: None)
     cfg = smoke_cfg("task.name=flaky", "train.steps=2")
     train(cfg)
@@ -328,9 +325,7 @@ def test_save_killed_between_its_renames_is_finished_on_resume(smoke_cfg):
     _, _, state, optim = load_run_checkpoint(cfg, run_id)
     assert state.step == 2 and optim is not None
     assert sorted(p.name for p in run_dir(cfg).iterdir()) == ["checkpoint"]
-    shutil.rmtree(
-        run_dir(cfg) / "checkpoint"
-    )  # a first save killed mid-write: nothing to finish, all cleared
+    shutil.rmtree(run_dir(cfg) / "checkpoint")  # a first save killed mid-write: nothing to finish, all cleared
     (run_dir(cfg) / ".checkpoint.tmp-dead01").mkdir()
     settle_interrupted_save(cfg)
     assert not any(run_dir(cfg).iterdir())
@@ -416,14 +411,19 @@ def test_run_from_a_retrained_cold_start_is_not_reused(smoke_cfg, smoke_results,
     with torch.no_grad():
         next(model.parameters()).add_(1e-3)  # as a retrained cold start would differ: other weights
     save_pretrained(model, tok, init)
-    args = ["train", "experiments/smoke/base.yaml", f"results_dir={cfg.results_dir}", f"tracking.uri={cfg.tracking.uri}",
-            f"init_checkpoint={init}", "train.steps=1", "eval.every=0"]  # fmt: skip
+    args = [
+        "train",
+        "experiments/smoke/base.yaml",
+        f"results_dir={cfg.results_dir}",
+        f"tracking.uri={cfg.tracking.uri}",
+        f"init_checkpoint={init}",
+        "train.steps=1",
+        "eval.every=0",
+    ]
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        len(err) == 1 and "started from a different checkpoint" in err[0] and "mlflow runs delete" in err[0]
-    )
+    assert len(err) == 1 and "started from a different checkpoint" in err[0] and "mlflow runs delete" in err[0]
 
 
 def test_sweep_worker_refuses_code_changed_under_the_sweep(tmp_path):
@@ -442,9 +442,7 @@ def test_sweep_worker_refuses_code_changed_under_the_sweep(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
 
     def digest() -> str:
-        return subprocess.run(
-            probe, env=env, cwd=tmp_path, capture_output=True, text=True, check=True
-        ).stdout.strip()
+        return subprocess.run(probe, env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
 
     before = digest()
     assert before == code_digest()  # the copy is the code under test

@@ -117,13 +117,13 @@ def test_sweep_pools_by_seed_and_sets_collapsed_cells_apart():
 
     rows = []
     for seed in (1, 2, 3):
-        for cell, start, finals, vol in (("A", 0.5, {"grpo": 0.5, "gspo": 0.6, "grpo_r2": 0.55}, 0.02),
-                                         ("B", 0.6, {"grpo": 0.10, "gspo": 0.12, "grpo_r2": 0.11}, 0.02),
-                                         ("C", 0.5, {"grpo": 0.5, "gspo": 0.5, "grpo_r2": 0.5}, 0.001)):  # fmt: skip
+        for cell, start, finals, vol in (
+            ("A", 0.5, {"grpo": 0.5, "gspo": 0.6, "grpo_r2": 0.55}, 0.02),
+            ("B", 0.6, {"grpo": 0.10, "gspo": 0.12, "grpo_r2": 0.11}, 0.02),
+            ("C", 0.5, {"grpo": 0.5, "gspo": 0.5, "grpo_r2": 0.5}, 0.001),
+        ):
             for run, final in finals.items():
-                rows.append(
-                    dict(run=run, seed=seed, cell=cell, start=start, final=final + 0.01 * seed, vol=vol)
-                )
+                rows.append(dict(run=run, seed=seed, cell=cell, start=start, final=final + 0.01 * seed, vol=vol))
 
     class Fake:
         runs, missing = [object()] * 27, []

@@ -27,9 +27,7 @@ def _floor(package: str) -> Version:
 
 def test_installed_transformers_meets_the_floor_the_code_needs():
     floor = _floor("transformers")
-    assert floor >= Version("5.24"), (
-        "the HF engine passes `cache=` to the model, a keyword of transformers 5.24"
-    )
+    assert floor >= Version("5.24"), "the HF engine passes `cache=` to the model, a keyword of transformers 5.24"
     have = Version(transformers.__version__)
     assert have >= floor, (
         f"transformers {have} is installed; pyproject.toml needs >= {floor} (older versions swallow the "

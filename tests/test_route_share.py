@@ -51,12 +51,9 @@ def reference(old, new, new_old_route, adv, mask) -> dict[str, float]:
     seqs = sorted({b for b, _ in tok})
     mean = lambda d, b: sum(v for (bb, _), v in d.items() if bb == b) / sum(1 for bb, _ in d if bb == b)  # noqa: E731
     a = {b: float(adv[b]) for b in seqs}
-    flip_tok = {
-        bt: clipped(total[bt], a[bt[0]], 0.2, 0.27) != clipped(policy[bt], a[bt[0]], 0.2, 0.27) for bt in tok
-    }
+    flip_tok = {bt: clipped(total[bt], a[bt[0]], 0.2, 0.27) != clipped(policy[bt], a[bt[0]], 0.2, 0.27) for bt in tok}
     flip_seq = {
-        b: clipped(mean(total, b), a[b], 3e-4, 4e-4) != clipped(mean(policy, b), a[b], 3e-4, 4e-4)
-        for b in seqs
+        b: clipped(mean(total, b), a[b], 3e-4, 4e-4) != clipped(mean(policy, b), a[b], 3e-4, 4e-4) for b in seqs
     }
     active_tok = [bt for bt in tok if a[bt[0]] != 0]
     active_seq = [b for b in seqs if a[b] != 0]
@@ -91,8 +88,9 @@ def test_routing_share_matches_a_float64_reference():
     # padding holds garbage that must never leak
     for t in (old, new, new_old_route):
         t[~mask] = float("nan")
-    got = routing_share(old_logprobs=old, new_logprobs=new, new_logprobs_old_routing=new_old_route,
-                        advantages=adv, mask=mask)  # fmt: skip
+    got = routing_share(
+        old_logprobs=old, new_logprobs=new, new_logprobs_old_routing=new_old_route, advantages=adv, mask=mask
+    )
     want = reference(old, new, new_old_route, adv, mask)
     assert got.keys() == want.keys()
     for key in want:
@@ -115,8 +113,13 @@ def test_r2_removed_share_can_be_negative_and_differs_from_routings_own_share():
     route = -0.5 * pol + 0.01 * torch.randn(8, 12, generator=g, dtype=torch.float64)
     new_old_route = old + pol
     new = new_old_route + route
-    got = routing_share(old_logprobs=old, new_logprobs=new, new_logprobs_old_routing=new_old_route,
-                        advantages=torch.ones(8, dtype=torch.float64), mask=torch.ones(8, 12, dtype=torch.bool))  # fmt: skip
+    got = routing_share(
+        old_logprobs=old,
+        new_logprobs=new,
+        new_logprobs_old_routing=new_old_route,
+        advantages=torch.ones(8, dtype=torch.float64),
+        mask=torch.ones(8, 12, dtype=torch.bool),
+    )
     assert got["cov"] < 0 and got["var_share"] > 0
     assert got["r2_removed_share"] < 0  # Var ℓ^pol > Var ℓ: replay would widen the spread
     assert got["r2_removed_share"] == pytest.approx(1 - got["pol_var"] / got["total_var"], rel=1e-12)
@@ -127,14 +130,15 @@ def test_routing_share_is_zero_when_routing_did_not_change():
     old = -torch.rand(4, 5, generator=g)
     new = old + 0.1 * torch.randn(4, 5, generator=g)
     mask = torch.ones(4, 5, dtype=torch.bool)
-    got = routing_share(old_logprobs=old, new_logprobs=new, new_logprobs_old_routing=new,
-                        advantages=torch.tensor([1.0, -1.0, 1.0, -1.0]), mask=mask)  # fmt: skip
-    assert {
-        k: v for k, v in got.items() if k not in ("total_var", "pol_var", "seq_total_var", "seq_pol_var")
-    } == (
-        dict.fromkeys(
-            [k for k in got if k not in ("total_var", "pol_var", "seq_total_var", "seq_pol_var")], 0.0
-        )
+    got = routing_share(
+        old_logprobs=old,
+        new_logprobs=new,
+        new_logprobs_old_routing=new,
+        advantages=torch.tensor([1.0, -1.0, 1.0, -1.0]),
+        mask=mask,
+    )
+    assert {k: v for k, v in got.items() if k not in ("total_var", "pol_var", "seq_total_var", "seq_pol_var")} == (
+        dict.fromkeys([k for k in got if k not in ("total_var", "pol_var", "seq_total_var", "seq_pol_var")], 0.0)
     )
     # Var ℓ^pol = Var ℓ when routing did not change: R2 removes nothing
     assert got["total_var"] > 0 and got["pol_var"] == got["total_var"]
@@ -213,8 +217,14 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
 
     gaps = {}
     for mode, dtype in (("none", "bfloat16"), ("r3", "bfloat16"), ("none", "float32")):
-        ctx = trainer.setup(smoke_cfg("algo.objective=grpo", f"algo.routing_replay={mode}", f"rollout.dtype={dtype}",
-                                      "rollout.prompts_per_step=16"))  # fmt: skip
+        ctx = trainer.setup(
+            smoke_cfg(
+                "algo.objective=grpo",
+                f"algo.routing_replay={mode}",
+                f"rollout.dtype={dtype}",
+                "rollout.prompts_per_step=16",
+            )
+        )
         _, batch = trainer.rollout(ctx, 1)
         adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
         _, train_lp, natural_old, _ = trainer.old_policy(ctx, batch)
@@ -240,8 +250,13 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
     sub = batch.select(rows)
     new_lp, natural_new = trainer.policy_pass(ctx, sub, None)
     new_old_route, _ = trainer.policy_pass(ctx, sub, natural_old.select(rows))
-    want = routing_share(old_logprobs=train_lp[rows], new_logprobs=new_lp, new_logprobs_old_routing=new_old_route,
-                         advantages=adv[rows], mask=sub.response_mask)  # fmt: skip
+    want = routing_share(
+        old_logprobs=train_lp[rows],
+        new_logprobs=new_lp,
+        new_logprobs_old_routing=new_old_route,
+        advantages=adv[rows],
+        mask=sub.response_mask,
+    )
     assert {k: out[f"moe/route/{k}"] for k in want} == want
     vol = routing_volatility(natural_old.select(rows), natural_new, sub.response_mask)
     assert out["moe/routing_volatility/overall"] == vol["overall"]

@@ -21,8 +21,13 @@ def test_a_local_model_path_trains_from_its_own_cold_start(tmp_path):
     tok = build_char_tokenizer()
     local = tmp_path / "my-model"
     save_pretrained(build_model("qwen3-moe-smoke", tok, seed=7), tok, local)
-    common = [f"results_dir={tmp_path / 'res'}", f"tracking.uri=sqlite:///{tmp_path}/m.db", "sft.steps=3",
-              "train.steps=1", "eval.num_prompts=2"]  # fmt: skip
+    common = [
+        f"results_dir={tmp_path / 'res'}",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db",
+        "sft.steps=3",
+        "train.steps=1",
+        "eval.num_prompts=2",
+    ]
     run_sft(load_config(SMOKE, common))  # the preset's cold start exists, as after any `make coldstart`
     cfg = load_config(SMOKE, [*common, f"model.path={local}"])
     name = coldstart_name(cfg)
@@ -94,8 +99,9 @@ def test_a_harmless_ignored_setting_is_one_warning(overrides, fragment):
 
 def test_the_same_settings_are_accepted_where_they_take_part():
     load_config(SMOKE, ["algo.rollout_correction=icepop", "algo.icepop_low=0.4", "rollout.dtype=bfloat16"])
-    load_config(SMOKE, ["algo.rollout_correction=sequence_mask", "algo.rollout_correction_cap=5",
-                        "rollout.dtype=bfloat16"])  # fmt: skip
+    load_config(
+        SMOKE, ["algo.rollout_correction=sequence_mask", "algo.rollout_correction_cap=5", "rollout.dtype=bfloat16"]
+    )
     load_config(SMOKE, ["train.backend=deepspeed", "train.zero_stage=3"])
     load_config(SMOKE, ["sft.target_pass1=0.5", "sft.check_every=5"])
     load_config(SMOKE, ["rollout.engine=vllm_server", "rollout.server.tensor_parallel_size=2"])

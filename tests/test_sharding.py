@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from gspo_study.models import load_pretrained
-from gspo_study.moe import record_routing
 from gspo_study.rollout import HFEngine
 from gspo_study.rollout.base import merge_batches
 
@@ -19,8 +18,13 @@ def test_generated_in_pieces_equals_generated_at_once(smoke_results):
     seeds = [101, 202, 303, 404, 505, 606]
 
     def gen(idx):
-        return engine.generate([prompts[i] for i in idx], 12, 1.0, routing_recorder=record_routing(model),
-                               row_seeds=[seeds[i] for i in idx])  # fmt: skip
+        return engine.generate(
+            [prompts[i] for i in idx],
+            12,
+            1.0,
+            capture_routing=True,
+            row_seeds=[seeds[i] for i in idx],
+        )
 
     whole = gen(range(6))
     pieces = merge_batches([gen([0, 1]), gen([2]), gen([3, 4, 5])], tok.pad_token_id)

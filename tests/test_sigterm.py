@@ -37,13 +37,16 @@ def _wait_for_steps(uri: str, experiment: str, n: int, proc, timeout: float = 24
 def test_sigterm_stops_a_run_at_a_safe_point_and_the_rerun_resumes(smoke_results, tmp_path):
     init = smoke_results / "smoke/checkpoints/coldstart"
     args = ["train.steps=8", "train.checkpoint_every=5", "eval.every=4", f"init_checkpoint={init}"]
-    ref = load_config(
-        SMOKE, [f"results_dir={tmp_path / 'ref'}", f"tracking.uri=sqlite:///{tmp_path}/ref.db", *args]
-    )
+    ref = load_config(SMOKE, [f"results_dir={tmp_path / 'ref'}", f"tracking.uri=sqlite:///{tmp_path}/ref.db", *args])
     train(ref)
     over = [f"results_dir={tmp_path / 't'}", f"tracking.uri=sqlite:///{tmp_path}/t.db", *args]
-    proc = subprocess.Popen([sys.executable, "-m", "gspo_study", "train", SMOKE, *over], env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_study", "train", SMOKE, *over],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_steps(f"sqlite:///{tmp_path}/t.db", "study-smoke", 2, proc)
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
@@ -51,12 +54,8 @@ def test_sigterm_stops_a_run_at_a_safe_point_and_the_rerun_resumes(smoke_results
     took = time.time() - sent
     lines = [line for line in err.strip().splitlines() if line]
     assert proc.returncode == 143, err
-    assert (
-        lines[-1].startswith("stopped: SIGTERM:") and "marked KILLED" in lines[-1] and "Traceback" not in err
-    )
-    assert took < 30, (
-        f"{took:.1f} s from SIGTERM to exit"
-    )  # one smoke step and a checkpoint, not the rest of the run
+    assert lines[-1].startswith("stopped: SIGTERM:") and "marked KILLED" in lines[-1] and "Traceback" not in err
+    assert took < 30, f"{took:.1f} s from SIGTERM to exit"  # one smoke step and a checkpoint, not the rest of the run
     client, (run,) = _store_runs(f"sqlite:///{tmp_path}/t.db", "study-smoke")
     assert run.info.status == "KILLED"
     steps = len(client.get_metric_history(run.info.run_id, "rollout/reward/mean"))
@@ -88,18 +87,26 @@ def _workers_left(session: int, wait: float = 10.0) -> list[str]:
 
 def test_sigterm_to_a_parallel_sweep_stops_its_workers(smoke_results, tmp_path):
     init = smoke_results / "smoke/checkpoints/coldstart"
-    over = [f"results_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db", "train.steps=8",
-            f"init_checkpoint={init}"]  # fmt: skip
+    over = [
+        f"results_dir={tmp_path}",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db",
+        "train.steps=8",
+        f"init_checkpoint={init}",
+    ]
     argv = [sys.executable, "-m", "gspo_study", *"sweep --figure 1 --scale smoke --seeds 1".split(), *over]
-    proc = subprocess.Popen([*argv, "--jobs", "2"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*argv, "--jobs", "2"],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     _wait_for_steps(f"sqlite:///{tmp_path}/m.db", "study-smoke", 2, proc)
     proc.send_signal(signal.SIGTERM)  # the sweep's process only: it forwards the notice to its workers
     _, err = proc.communicate(timeout=180)
     lines = [line for line in err.strip().splitlines() if line]
-    assert proc.returncode == 143 and lines[-1].startswith("stopped: SIGTERM:") and "Traceback" not in err, (
-        err
-    )
+    assert proc.returncode == 143 and lines[-1].startswith("stopped: SIGTERM:") and "Traceback" not in err, err
     client, runs = _store_runs(f"sqlite:///{tmp_path}/m.db", "study-smoke")
     assert "KILLED" in {r.info.status for r in runs} and "RUNNING" not in {r.info.status for r in runs}
     assert not _workers_left(proc.pid), "a worker outlived the sweep"

@@ -54,17 +54,13 @@ def test_math_file_reward_with_math_verify(tmp_path):
     assert task.reward("so the answer is $\\boxed{8}$", p) == 1.0
     assert task.reward("the answer is 9", p) == 0.0
     assert task.reward("", p) == 0.0 and task.reward("\\frac{", p) == 0.0  # malformed scores 0
-    assert {q.uid for q in task.sample_train(50, random.Random(0))}.isdisjoint(
-        {q.uid for q in task.eval_problems(2)}
-    )
+    assert {q.uid for q in task.sample_train(50, random.Random(0))}.isdisjoint({q.uid for q in task.eval_problems(2)})
 
 
 def test_math_file_parquet(tmp_path):
     import pandas as pd
 
-    pd.DataFrame({"prompt": ["1+1?", "2+2?", "3+3?"], "answer": ["2", "4", "6"]}).to_parquet(
-        tmp_path / "d.parquet"
-    )
+    pd.DataFrame({"prompt": ["1+1?", "2+2?", "3+3?"], "answer": ["2", "4", "6"]}).to_parquet(tmp_path / "d.parquet")
     task = get_task(TaskConfig(name="math_file", path=str(tmp_path / "d.parquet"), num_eval=1))
     assert task.eval_problems(1)[0].answer == "6"
 

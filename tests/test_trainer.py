@@ -71,9 +71,7 @@ def history(cfg) -> dict[str, dict[int, float]]:
     client = MlflowClient(tracking_uri(cfg))
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     run = client.search_runs([exp.experiment_id], f"tags.run_key = '{run_key(cfg)}'")[0]
-    return {
-        k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in run.data.metrics
-    }
+    return {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in run.data.metrics}
 
 
 def weights(path) -> dict[str, torch.Tensor]:
@@ -87,9 +85,7 @@ def test_each_algorithm_trains_and_logs_everything(smoke_cfg, algo):
     before = weights(Path(cfg.init_checkpoint))
     after = weights(run_dir(cfg) / "checkpoint")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
-    must = {
-        k for k in before if "self_attn" in k or k.endswith("mlp.gate.weight")
-    }  # experts change only if routed to
+    must = {k for k in before if "self_attn" in k or k.endswith("mlp.gate.weight")}  # experts change only if routed to
     assert must <= changed and len(changed) > len(before) / 2, sorted(set(before) - changed)
     hist = history(cfg)
     for name in REQUIRED:
@@ -135,9 +131,7 @@ def test_finished_run_is_skipped(smoke_cfg):
 
 def _cli(cfg_overrides, env=None):
     cmd = [sys.executable, "-m", "gspo_study", "train", "experiments/smoke/base.yaml", *cfg_overrides]
-    return subprocess.run(
-        cmd, env={**os.environ, "TQDM_DISABLE": "1", **(env or {})}, capture_output=True, text=True
-    )
+    return subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1", **(env or {})}, capture_output=True, text=True)
 
 
 def test_resume_after_sigkill_gives_same_metrics(smoke_cfg, tmp_path):
@@ -175,9 +169,7 @@ def test_old_pass_counts_as_compute_only_when_training_uses_it(smoke_cfg):
         "rollout": ["algo.old_logprobs=rollout"],
     }.items():
         ctx = trainer.setup(smoke_cfg("algo.objective=grpo", *over))
-        flops[name] = trainer.rl_step(ctx, 1)[
-            "compute/flops"
-        ]  # the same rollout: it depends on the seed only
+        flops[name] = trainer.rl_step(ctx, 1)["compute/flops"]  # the same rollout: it depends on the seed only
     assert flops["recompute"] == flops["rollout_r2"]
     assert flops["rollout"] == pytest.approx(flops["recompute"] * 8 / 10, rel=1e-12)
 

@@ -226,9 +226,7 @@ def test_engine_kwargs_for_routed_experts():
     older = SUPPORTED | {"enable_return_routed_experts"}  # capture without the aux-output connector
     kw = engine_kwargs("/tmp/m", "bfloat16", {}, older, True)
     assert kw["enable_return_routed_experts"] is True and kw["enable_prefix_caching"] is False
-    assert engine_kwargs("/tmp/m", "bfloat16", {"enable_prefix_caching": True}, older, True)[
-        "enable_prefix_caching"
-    ]
+    assert engine_kwargs("/tmp/m", "bfloat16", {"enable_prefix_caching": True}, older, True)["enable_prefix_caching"]
     newer = older | {"aux_output_config"}  # routing stored per prefix-cache block: caching stays on
     assert "enable_prefix_caching" not in engine_kwargs("/tmp/m", "bfloat16", {}, newer, True)
 
@@ -287,9 +285,7 @@ def test_to_rollout_batch_matches_hf_layout_on_hand_made_outputs():
 def test_to_rollout_batch_matches_teacher_forced_batch():
     responses = ["12", "3", ""]
     outputs = [(response_ids(r, eos=True), [0.0] * (len(r) + 1), True) for r in responses]
-    assert_batches_equal(
-        to_rollout_batch(prompt_ids(), outputs, TOK), teacher_forced_batch(TOK, PROMPTS, responses)
-    )
+    assert_batches_equal(to_rollout_batch(prompt_ids(), outputs, TOK), teacher_forced_batch(TOK, PROMPTS, responses))
 
 
 def test_to_rollout_batch_round_trips_hf_generation():
@@ -355,9 +351,7 @@ def test_routing_trace_from_vllm_hand_made_values():
     with pytest.raises(ValueError, match="disagree"):
         routing_trace_from_vllm([(None, row0), (None, every_layer(row1))], [3, 2], [2, 1], moe, 4, 8)
     with pytest.raises(ValueError, match="3 layers"):
-        routing_trace_from_vllm(
-            [(None, np.zeros((4, 3, k))), (None, np.zeros((2, 3, k)))], [3, 2], [2, 1], moe, 4, 8
-        )
+        routing_trace_from_vllm([(None, np.zeros((4, 3, k))), (None, np.zeros((2, 3, k)))], [3, 2], [2, 1], moe, 4, 8)
 
 
 @pytest.mark.parametrize("layout", ["full", "split"])
@@ -366,7 +360,7 @@ def test_routing_trace_from_vllm_reproduces_the_hf_generation_trace(layout):
     model, prompts = smoke(), ["12+34=", "5+6=", "7="]
     hf = HFEngine(model, TOK)
     gen = torch.Generator().manual_seed(4)  # seed 4: row 1 answers EOS at once, the others run to the cap
-    batch = hf.generate(prompts, 5, generator=gen, routing_recorder=record_routing(model))
+    batch = hf.generate(prompts, 5, generator=gen, capture_routing=True)
     assert batch.response_lengths.tolist() == [5, 1, 5]
     hf_trace, P = batch.routing, batch.prompt_len
     samples = samples_of(batch)
@@ -471,9 +465,7 @@ def test_refresh_cpu_kernels_repacks_experts_and_the_tied_head():
     embed = torch.nn.Embedding(4, 2)
     head = torch.nn.Module()
     head.weight = embed.weight
-    head.quant_method = SimpleNamespace(
-        process_weights_after_loading=lambda layer: calls.append(("head", layer))
-    )
+    head.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: calls.append(("head", layer)))
     model = torch.nn.Module()
     model.model = torch.nn.Module()
     model.model.embed_tokens, model.model.layers = embed, torch.nn.ModuleList([*moe, unset])
@@ -569,7 +561,7 @@ def test_engine_lifecycle_against_a_fake_vllm(fake_vllm):
     engine.generate(PROMPTS, 3)
     assert llm.calls[-3:] == ["wake:kv_cache", "generate", "sleep1"]
     with pytest.raises(ConfigError, match="started without routed-experts capture"):
-        engine.generate(PROMPTS, 3, routing_recorder=record_routing(model))
+        engine.generate(PROMPTS, 3, capture_routing=True)
     engine.close()
 
 
@@ -577,7 +569,7 @@ def test_engine_returns_rollout_routing_for_r3_against_a_fake_vllm(fake_vllm):
     model = smoke()
     engine = VLLMEngine(model, TOK, sleep_level=0)
     engine.sync(model)
-    batch = engine.generate(PROMPTS, 4, routing_recorder=record_routing(model))
+    batch = engine.generate(PROMPTS, 4, capture_routing=True)
     assert engine._llm.kwargs["enable_return_routed_experts"] is True
     assert "enable_prefix_caching" not in engine._llm.kwargs  # aux-output connector present
     assert not any(c.startswith("sleep") for c in engine._llm.calls)
@@ -605,7 +597,7 @@ def test_engine_never_sleeps_on_the_cpu_platform(fake_vllm):
     assert llm.calls == ["load", "reset", "generate", "load", "reset", "generate"]
     assert engine.last_push == {"path": "reload_weights", "cpu_layers_refreshed": 0}
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
-        VLLMEngine(model, TOK).generate(PROMPTS, 2, routing_recorder=record_routing(model))
+        VLLMEngine(model, TOK).generate(PROMPTS, 2, capture_routing=True)
 
 
 def test_engine_keeps_the_callers_rng_and_threads(fake_vllm, monkeypatch):
@@ -636,8 +628,17 @@ def test_engine_sleep_level_two_repushes_weights(fake_vllm):
     engine = VLLMEngine(model, TOK, sleep_level=2)
     engine.generate(PROMPTS, 2)
     engine.generate(PROMPTS, 2)  # no sync in between: weights were dropped, so they go in again
-    assert engine._llm.calls == ["load", "reset", "generate", "sleep2", "wake:kv_cache,weights", "load", "reset",
-                                 "generate", "sleep2"]  # fmt: skip
+    assert engine._llm.calls == [
+        "load",
+        "reset",
+        "generate",
+        "sleep2",
+        "wake:kv_cache,weights",
+        "load",
+        "reset",
+        "generate",
+        "sleep2",
+    ]
 
 
 # -------------------------------------------------------------- the real engine: vLLM's CPU build
@@ -799,9 +800,7 @@ class TestVLLMEngineOnGPU:
 
         routing = "enable_return_routed_experts" in {f.name for f in dataclasses.fields(EngineArgs)}
         model = build_model("qwen3-moe-smoke", TOK, 0, **VLLM_SMOKE).cuda().eval()
-        engine = VLLMEngine(
-            model, TOK, dtype="bfloat16", gpu_memory_utilization=0.2, return_routed_experts=routing
-        )
+        engine = VLLMEngine(model, TOK, dtype="bfloat16", gpu_memory_utilization=0.2, return_routed_experts=routing)
         yield model, engine, routing
         engine.close()
 
@@ -820,9 +819,7 @@ class TestVLLMEngineOnGPU:
 
     def test_same_generator_seed_same_rollout(self, setup):
         model, engine, _ = setup
-        runs = [
-            engine.generate(PROMPTS * 2, 10, generator=torch.Generator().manual_seed(4)) for _ in range(2)
-        ]
+        runs = [engine.generate(PROMPTS * 2, 10, generator=torch.Generator().manual_seed(4)) for _ in range(2)]
         assert torch.equal(runs[0].sequences, runs[1].sequences)
 
     def test_sync_after_a_perturbation_changes_generation(self, setup):
@@ -843,10 +840,10 @@ class TestVLLMEngineOnGPU:
         model, engine, routing = setup
         if not routing:  # the engine was started without capture (this vLLM has none): said so
             with pytest.raises(ConfigError, match="started without routed-experts capture"):
-                engine.generate(PROMPTS, 4, routing_recorder=record_routing(model))
+                engine.generate(PROMPTS, 4, capture_routing=True)
             return
         engine.sync(model)
-        batch = engine.generate(PROMPTS * 2, 8, routing_recorder=record_routing(model))
+        batch = engine.generate(PROMPTS * 2, 8, capture_routing=True)
         trace = batch.routing
         assert trace.layers == [0, 1] and trace.shape == (6, batch.sequences.shape[1] - 1, 2)
         with torch.no_grad(), record_routing(model) as natural:
@@ -855,3 +852,19 @@ class TestVLLMEngineOnGPU:
         for layer in trace.layers:
             same = (natural.layer(layer).cpu().sort(-1).values == trace.layer(layer).sort(-1).values).all(-1)
             assert same[valid].float().mean() > 0.8  # bf16 engine vs fp32 trainer: most choices agree
+
+
+def test_every_engine_is_a_rollout_engine_with_the_protocols_signatures():
+    """The trainer asks only what `RolloutEngine` declares: each engine has its members, and `sync` and
+    `generate` take the protocol's parameters by the same names (a renamed keyword would fail at the trainer)."""
+    from gspo_study.rollout.base import RolloutEngine
+    from gspo_study.rollout.vllm_server import VLLMServerEngine
+
+    model = build_model("qwen3-moe-smoke", TOK, seed=0)
+    assert isinstance(HFEngine(model, TOK), RolloutEngine)
+    for cls in (HFEngine, VLLMEngine, VLLMServerEngine):
+        for method in ("sync", "generate", "close"):
+            want = list(inspect.signature(getattr(RolloutEngine, method)).parameters)
+            assert list(inspect.signature(getattr(cls, method)).parameters) == want, (cls.__name__, method)
+        assert isinstance(cls.records_routing, bool) and isinstance(cls.writes_weights, bool)
+    assert (HFEngine.records_routing, VLLMEngine.records_routing, VLLMServerEngine.writes_weights) == (True, False, True)

@@ -58,8 +58,9 @@ def test_server_argv_for_the_cpu_build_and_for_a_gpu_pool():
     assert flags["--worker-extension-cls"] == EXTENSION and flags["--served-model-name"] == SERVED_NAME
     assert flags["--logprobs-mode"] == "processed_logprobs" and flags["--generation-config"] == "vllm"
     assert "--skip-tokenizer-init" in cpu and cpu[-len(CPU_ARGS) :] == list(CPU_ARGS)
-    pool = ServerConfig(tensor_parallel_size=4, enable_expert_parallel=True, data_parallel_size=2,
-                        args=["--max-model-len", "8192"])  # fmt: skip
+    pool = ServerConfig(
+        tensor_parallel_size=4, enable_expert_parallel=True, data_parallel_size=2, args=["--max-model-len", "8192"]
+    )
     gpu = server_argv("py", "/w/model", 1, "bfloat16", pool, cpu=False, routing=True)
     flags = dict(zip(gpu, gpu[1:]))
     assert flags["--tensor-parallel-size"] == "4" and flags["--data-parallel-size"] == "2"
@@ -130,21 +131,31 @@ def test_server_config_is_checked_and_never_part_of_a_runs_identity():
     from gspo_study.tracking import run_key
 
     base = load_config(SMOKE_BASE, ["rollout.engine=vllm_server"])
-    wide = load_config(SMOKE_BASE, ["rollout.engine=vllm_server", "rollout.server.tensor_parallel_size=8",
-                                    "rollout.server.urls=[http://10.0.0.2:8000]", "rollout.server.weight_dir=/nfs/w"])  # fmt: skip
+    wide = load_config(
+        SMOKE_BASE,
+        [
+            "rollout.engine=vllm_server",
+            "rollout.server.tensor_parallel_size=8",
+            "rollout.server.urls=[http://10.0.0.2:8000]",
+            "rollout.server.weight_dir=/nfs/w",
+        ],
+    )
     assert run_key(base) == run_key(wide) != run_key(load_config(SMOKE_BASE))
-    for bad, match in (("rollout.server.urls=[10.0.0.2]", "rollout.server.urls"),
-                       ("rollout.server.tensor_parallel_size=0", "tensor_parallel_size"),
-                       ("rollout.server.start_timeout_s=0", "start_timeout_s"),
-                       ("rollout.server.urls=[http://node-b:8000]", "weight_dir must name storage")):  # fmt: skip
+    for bad, match in (
+        ("rollout.server.urls=[10.0.0.2]", "rollout.server.urls"),
+        ("rollout.server.tensor_parallel_size=0", "tensor_parallel_size"),
+        ("rollout.server.start_timeout_s=0", "start_timeout_s"),
+        ("rollout.server.urls=[http://node-b:8000]", "weight_dir must name storage"),
+    ):
         with pytest.raises(ConfigError, match=match) as err:
             load_config(SMOKE_BASE, [bad])
         assert "\n" not in str(err.value)
 
 
 def test_an_interpreter_without_vllm_is_named_in_one_line(tmp_path):
-    engine = make_engine("vllm_server", smoke(), TOK, "float32", server=ServerConfig(python=sys.executable),
-                         weight_dir=tmp_path)  # fmt: skip
+    engine = make_engine(
+        "vllm_server", smoke(), TOK, "float32", server=ServerConfig(python=sys.executable), weight_dir=tmp_path
+    )
     assert isinstance(engine, VLLMServerEngine)
     if "vllm" in sys.modules or _has_vllm_here():
         pytest.skip("this interpreter has vLLM")
@@ -192,9 +203,7 @@ def test_real_server_logprobs_equal_the_trainers_and_reproduce(served):
     diff = _hf_diff(served.model, batch)
     assert diff["tokens"] > 40 and diff["mean"] < 1e-6 and diff["max"] < 1e-5
     again, other = _rollout(served.engine), _rollout(served.engine, seed=2)
-    assert torch.equal(again.sequences, batch.sequences) and torch.equal(
-        again.rollout_logprobs, batch.rollout_logprobs
-    )
+    assert torch.equal(again.sequences, batch.sequences) and torch.equal(again.rollout_logprobs, batch.rollout_logprobs)
     assert not torch.equal(other.sequences, batch.sequences)
 
 
@@ -212,9 +221,7 @@ def test_real_server_follows_every_weight_push(served):
     push = engine.last_push
     assert push["workers"][0]["path"] == "reload_weights" and push["workers"][0]["cpu_layers_refreshed"] == 3
     assert push["workers"][0]["tensors"] == len(dict(hf_to_vllm_weights(model.named_parameters())))
-    assert push["reload_s"] < 5 and [p.name for p in served.engine.weight_dir.glob("push-*")] == [
-        "push-000001"
-    ]
+    assert push["reload_s"] < 5 and [p.name for p in served.engine.weight_dir.glob("push-*")] == ["push-000001"]
     assert _hf_diff(model, after)["mean"] < 1e-6
     moved = _hf_diff(model, before)  # the old rollout scored by the new weights
     assert moved["mean"] > 1e-3
@@ -278,9 +285,7 @@ def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, tm
     before, after = weights(vllm_coldstart), weights(run_dir(cfg) / "checkpoint")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert {k for k in before if "self_attn" in k or k.endswith("mlp.gate.weight")} <= changed
-    assert not (
-        run_dir(cfg) / "server-weights"
-    ).exists()  # the finished run stopped its server, removed its pushes
+    assert not (run_dir(cfg) / "server-weights").exists()  # the finished run stopped its server, removed its pushes
 
 
 def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp_path, monkeypatch):
@@ -294,18 +299,14 @@ def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp
     model = smoke()
     state = {k: v + 1.0 for k, v in model.state_dict().items()}  # not the model's own values
     calls = []
-    monkeypatch.setattr(
-        vllm_server, "post_json", lambda url, body=None, timeout=0: calls.append((url, body)) or {}
-    )
+    monkeypatch.setattr(vllm_server, "post_json", lambda url, body=None, timeout=0: calls.append((url, body)) or {})
 
     @contextlib.contextmanager
     def gather():
         raise AssertionError("the layer-by-layer state must be used instead of gathering the whole model")
         yield
 
-    engine = VLLMServerEngine(
-        model, TOK, "float32", ServerConfig(urls=["http://a:1", "http://b:2"]), tmp_path
-    )
+    engine = VLLMServerEngine(model, TOK, "float32", ServerConfig(urls=["http://a:1", "http://b:2"]), tmp_path)
     engine.sync(model, gather=gather, full_state=lambda: state)
     engine._push_weights()
     written = dict(read_weights(tmp_path / "push-000001"))
@@ -314,14 +315,14 @@ def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp
     rpc = [(u, b) for u, b in calls if u.endswith("/collective_rpc")]
     assert [u for u, _ in rpc] == ["http://a:1/collective_rpc", "http://b:2/collective_rpc"]
     assert rpc[0][1] == {"method": "gspo_reload_weights", "args": [str(tmp_path / "push-000001")]}
-    assert [u for u, _ in calls if u.endswith("/reset_prefix_cache")] == ["http://a:1/reset_prefix_cache",
-                                                                          "http://b:2/reset_prefix_cache"]  # fmt: skip
+    assert [u for u, _ in calls if u.endswith("/reset_prefix_cache")] == [
+        "http://a:1/reset_prefix_cache",
+        "http://b:2/reset_prefix_cache",
+    ]
     engine.sync(model, full_state=lambda: None)  # ZeRO-2 / one process: the model's own weights
     engine._push_weights()
     assert [p.name for p in tmp_path.glob("push-*")] == ["push-000002"]
-    assert torch.equal(
-        dict(read_weights(tmp_path / "push-000002"))["model.norm.weight"], model.model.norm.weight
-    )
+    assert torch.equal(dict(read_weights(tmp_path / "push-000002"))["model.norm.weight"], model.model.norm.weight)
 
 
 def test_rollout_server_command_for_a_pool_on_other_machines(capsys):
@@ -334,17 +335,10 @@ def test_rollout_server_command_for_a_pool_on_other_machines(capsys):
         "rollout.server.tensor_parallel_size=2",
         "init_checkpoint=/models/x",
     ]
-    assert (
-        main(
-            ["rollout-server", SMOKE_BASE, *over, "--model-dir", "/data/policy", "--port", "8011", "--print"]
-        )
-        == 0
-    )
+    assert main(["rollout-server", SMOKE_BASE, *over, "--model-dir", "/data/policy", "--port", "8011", "--print"]) == 0
     argv = capsys.readouterr().out.split()
     flags = dict(zip(argv, argv[1:]))
-    assert (
-        flags["--host"] == "0.0.0.0" and flags["--port"] == "8011" and flags["--tensor-parallel-size"] == "2"
-    )
+    assert flags["--host"] == "0.0.0.0" and flags["--port"] == "8011" and flags["--tensor-parallel-size"] == "2"
     assert flags["--worker-extension-cls"] == EXTENSION and flags["--model"] == "/data/policy"
     assert main(["rollout-server", SMOKE_BASE, "--model-dir", "/d", "--print"]) == 2
     err = capsys.readouterr().err
@@ -360,40 +354,43 @@ def test_real_server_with_two_zero3_ranks_matches_one_process(vllm_coldstart, tm
     from tests.test_trainer import history
 
     _real_engine_env()
-    common = ["train.steps=2", "eval.every=0", "rollout.engine=vllm_server", f"rollout.server.python={VLLM_PY}",
-              f"init_checkpoint={vllm_coldstart}"]  # fmt: skip
+    common = [
+        "train.steps=2",
+        "eval.every=0",
+        "rollout.engine=vllm_server",
+        f"rollout.server.python={VLLM_PY}",
+        f"init_checkpoint={vllm_coldstart}",
+    ]
     runs = {}
     for name, extra in (("one", []), ("ranks", ["train.backend=deepspeed", "train.zero_stage=3"])):
-        over = [f"results_dir={tmp_path / name}", f"tracking.uri=sqlite:///{tmp_path / name}/mlflow.db", *common,
-                *extra]  # fmt: skip
-        launcher = [sys.executable, "-m"] if name == "one" else [str(TORCHRUN), "--standalone", "--nproc_per_node",
-                                                                  "2", "-m"]  # fmt: skip
+        over = [
+            f"results_dir={tmp_path / name}",
+            f"tracking.uri=sqlite:///{tmp_path / name}/mlflow.db",
+            *common,
+            *extra,
+        ]
+        launcher = (
+            [sys.executable, "-m"] if name == "one" else [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m"]
+        )
         cmd = [*launcher, "gspo_study", "train", SMOKE_BASE, "experiments/runs/gspo.yaml", *over]
         done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
         runs[name] = history(load_config([SMOKE_BASE, "experiments/runs/gspo.yaml"], over))
     one, ranks = runs["one"], runs["ranks"]
-    assert (
-        one["rollout/reward/mean"] == ranks["rollout/reward/mean"]
-    )  # the same tokens: the same server rollouts
+    assert one["rollout/reward/mean"] == ranks["rollout/reward/mean"]  # the same tokens: the same server rollouts
     for key in ("policy/loss", "train/grad_norm"):
         for step in (1, 2):
             assert ranks[key][step] == pytest.approx(one[key][step], rel=1e-3, abs=1e-5), (key, step)
-    assert all(
-        abs(v) < 1e-5 for h in (one, ranks) for v in h["mismatch/k3"].values()
-    )  # step 2: the push landed
+    assert all(abs(v) < 1e-5 for h in (one, ranks) for v in h["mismatch/k3"].values())  # step 2: the push landed
 
 
 @pytest.mark.slow
 def test_r3_against_the_cpu_build_is_refused_in_one_line_before_anything_is_written(tmp_path):
     python = _real_engine_env()
-    from gspo_study.moe import record_routing
 
     model = smoke(head_dim=32, moe_intermediate_size=32)
     engine = VLLMServerEngine(model, TOK, "float32", ServerConfig(python=str(python)), tmp_path / "w")
     with pytest.raises(ConfigError, match="needs a CUDA GPU") as err:
-        engine.generate(
-            PROMPTS, 4, TEMPERATURE, torch.Generator().manual_seed(0), routing_recorder=record_routing(model)
-        )
+        engine.generate(PROMPTS, 4, TEMPERATURE, torch.Generator().manual_seed(0), capture_routing=True)
     assert "\n" not in str(err.value) and "rollout.engine=vllm_server" in str(err.value)
     assert not (tmp_path / "w").exists() and engine.process is None

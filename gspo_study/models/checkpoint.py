@@ -127,8 +127,7 @@ def _payload(directory: Path) -> list[Path]:
 def write_manifest(directory: str | Path) -> None:
     directory = Path(directory)
     files = {
-        str(f.relative_to(directory)): {"sha256": _sha256(f), "bytes": f.stat().st_size}
-        for f in _payload(directory)
+        str(f.relative_to(directory)): {"sha256": _sha256(f), "bytes": f.stat().st_size} for f in _payload(directory)
     }
     (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
 
@@ -188,15 +187,11 @@ def fingerprint(path: str | Path) -> str:
 def is_complete(path: str | Path) -> bool:
     path = Path(path)
     return (path / COMPLETE_MARKER).is_file() or (
-        (path / "config.json").is_file()
-        and any(path.glob("*.safetensors"))
-        and not (path / ".partial").exists()
+        (path / "config.json").is_file() and any(path.glob("*.safetensors")) and not (path / ".partial").exists()
     )
 
 
-def load_pretrained(
-    path: str | Path, dtype: torch.dtype = torch.float32, experts_implementation: str | None = None
-):
+def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32, experts_implementation: str | None = None):
     """(model, tokenizer) from a local Qwen3-MoE directory; a clear error for anything else."""
     path = Path(path)
     if not path.is_dir():

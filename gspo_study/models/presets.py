@@ -50,9 +50,7 @@ COMMON: dict[str, Any] = dict(
 )
 
 
-def build_config(
-    preset: str, vocab_size: int, special_ids: dict[str, int], **overrides: Any
-) -> Qwen3MoeConfig:
+def build_config(preset: str, vocab_size: int, special_ids: dict[str, int], **overrides: Any) -> Qwen3MoeConfig:
     """A `Qwen3MoeConfig` for a preset; `None` overrides are ignored."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; allowed: {', '.join(PRESETS)}")
@@ -82,9 +80,7 @@ def moe_layer_indices(config: Qwen3MoeConfig) -> list[int]:
     return [
         i
         for i in range(config.num_hidden_layers)
-        if i not in config.mlp_only_layers
-        and config.num_experts > 0
-        and (i + 1) % config.decoder_sparse_step == 0
+        if i not in config.mlp_only_layers and config.num_experts > 0 and (i + 1) % config.decoder_sparse_step == 0
     ]
 
 

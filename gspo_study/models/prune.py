@@ -74,9 +74,7 @@ class PrunePlan:
     layers: list[int]  # source decoder layers kept, ascending
     experts: dict[int, list[int]]  # source MoE layer -> kept expert ids, ascending
     top_k: int
-    selection: dict = field(
-        default_factory=dict
-    )  # how layers and experts were chosen (written to prune.json)
+    selection: dict = field(default_factory=dict)  # how layers and experts were chosen (written to prune.json)
 
 
 # ------------------------------------------------------------------------------------------------ source
@@ -86,9 +84,7 @@ class Source:
     def __init__(self, path: str | Path, stack: ExitStack):
         self.path = Path(path)
         if not self.path.is_dir() or not (self.path / "config.json").is_file():
-            raise PruneError(
-                f"source {self.path} is not a Hugging Face checkpoint directory (no config.json)"
-            )
+            raise PruneError(f"source {self.path} is not a Hugging Face checkpoint directory (no config.json)")
         try:
             self.config = json.loads((self.path / "config.json").read_text())
         except json.JSONDecodeError:
@@ -111,8 +107,7 @@ class Source:
                     weight_map.update({k: f.name for k in h.keys()})
         self.weight_map: dict[str, str] = weight_map
         self._handles = {
-            name: stack.enter_context(safe_open(str(self.path / name), "pt"))
-            for name in set(weight_map.values())
+            name: stack.enter_context(safe_open(str(self.path / name), "pt")) for name in set(weight_map.values())
         }
 
     def keys(self) -> list[str]:
@@ -142,11 +137,7 @@ class Source:
         """Decoder layers with a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule)."""
         dense = set(self.config.get("mlp_only_layers") or [])
         step = int(self.config.get("decoder_sparse_step", 1) or 1)
-        return [
-            i
-            for i in range(self.num_layers)
-            if i not in dense and self.num_experts > 0 and (i + 1) % step == 0
-        ]
+        return [i for i in range(self.num_layers) if i not in dense and self.num_experts > 0 and (i + 1) % step == 0]
 
     def layer_keys(self, layer: int) -> list[str]:
         prefix = f"model.layers.{layer}."
@@ -162,9 +153,7 @@ def _int_list(text: str) -> list[int] | None:
 
 def select_layers(num_layers: int, n: int, how: str) -> list[int]:
     if not 1 <= n <= num_layers:
-        raise PruneError(
-            f"--layers {n} is out of range: the source has {num_layers} layers (allowed 1..{num_layers})"
-        )
+        raise PruneError(f"--layers {n} is out of range: the source has {num_layers} layers (allowed 1..{num_layers})")
     if how == "first":
         return list(range(n))
     if how == "spaced":
@@ -182,9 +171,7 @@ def select_layers(num_layers: int, n: int, how: str) -> list[int]:
 
 def check_experts(e: int, num: int) -> None:
     if not 1 <= e <= num:
-        raise PruneError(
-            f"--experts {e} is out of range: the source has {num} experts per layer (allowed 1..{num})"
-        )
+        raise PruneError(f"--experts {e} is out of range: the source has {num} experts per layer (allowed 1..{num})")
 
 
 def _top(scores: torch.Tensor, e: int) -> list[int]:
@@ -200,9 +187,7 @@ def select_experts(
     moe = [i for i in layers if i in set(src.moe_layers())]
     if how == "usage":
         if usage is None:
-            raise PruneError(
-                "--expert-select usage needs --calibration FILE (or use norm or an explicit list)"
-            )
+            raise PruneError("--expert-select usage needs --calibration FILE (or use norm or an explicit list)")
         return {i: _top(usage[i], e) for i in moe}
     if how == "norm":
         return {i: _top(src.get(f"model.layers.{i}.{ROUTER}").float().norm(dim=1), e) for i in moe}
@@ -224,7 +209,8 @@ def select_experts(
     for i, ids in per_layer.items():
         if len(ids) != e or len(set(ids)) != e or not all(0 <= x < num for x in ids):
             raise PruneError(
-                f"--expert-select for layer {i} gives {ids}: need {e} distinct expert ids in 0..{num - 1} (--experts {e})"
+                f"--expert-select for layer {i} gives {ids}: "
+                f"need {e} distinct expert ids in 0..{num - 1} (--experts {e})"
             )
     return {i: sorted(ids) for i, ids in per_layer.items()}
 
@@ -267,9 +253,7 @@ def read_calibration(path: str | Path) -> list[str]:
             rows = [json.loads(ln) for ln in lines]
             texts = [r["text"] if "text" in r else r["prompt"] + r.get("response", "") for r in rows]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise PruneError(
-                f"--calibration {path}: each line needs a 'text' or 'prompt' field ({exc})"
-            ) from None
+            raise PruneError(f"--calibration {path}: each line needs a 'text' or 'prompt' field ({exc})") from None
     else:
         texts = lines
     if not texts:
@@ -290,9 +274,7 @@ def _layer_state(src: Source, layer: int) -> dict[str, torch.Tensor]:
             state[name] = src.get(key)
     if per_expert:
         ids = range(src.num_experts)
-        gate_up = [
-            torch.cat([per_expert[(e, "gate_proj.weight")], per_expert[(e, "up_proj.weight")]]) for e in ids
-        ]
+        gate_up = [torch.cat([per_expert[(e, "gate_proj.weight")], per_expert[(e, "up_proj.weight")]]) for e in ids]
         state["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
         state["mlp.experts.down_proj"] = torch.stack([per_expert[(e, "down_proj.weight")] for e in ids])
     return {k: v.float() for k, v in state.items()}

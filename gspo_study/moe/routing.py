@@ -207,9 +207,7 @@ class _Hub:
         self._bt: dict[int, tuple[int, int]] = {}
         self._hooks = []
         for f in self.layers:
-            self._hooks.append(
-                f.block.register_forward_pre_hook(partial(self._on_block, f.layer), with_kwargs=True)
-            )
+            self._hooks.append(f.block.register_forward_pre_hook(partial(self._on_block, f.layer), with_kwargs=True))
             self._hooks.append(f.router.register_forward_hook(partial(self._on_router, f.layer)))
 
     def idle(self) -> bool:
@@ -222,9 +220,7 @@ class _Hub:
     def _on_block(self, layer: int, module: nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
         if hidden.dim() != 3:
-            raise RuntimeError(
-                f"MoE layer {layer}: expected hidden states [B, T, H], got {tuple(hidden.shape)}"
-            )
+            raise RuntimeError(f"MoE layer {layer}: expected hidden states [B, T, H], got {tuple(hidden.shape)}")
         self._bt[layer] = (hidden.shape[0], hidden.shape[1])
 
     def _on_router(self, layer: int, router: nn.Module, args: tuple, output: tuple) -> tuple:
@@ -285,9 +281,7 @@ def record_routing(model: nn.Module) -> Iterator[RoutingTrace]:
 
 
 @contextmanager
-def replay_routing(
-    model: nn.Module, trace: RoutingTrace, *, record_natural: bool = False
-) -> Iterator[ReplayHandle]:
+def replay_routing(model: nn.Module, trace: RoutingTrace, *, record_natural: bool = False) -> Iterator[ReplayHandle]:
     """Route every token of the forwards inside the context to the experts recorded in `trace`.
 
     The forward's tokens must be the trace's [B, T] (select a micro-batch's rows with `trace.select`).

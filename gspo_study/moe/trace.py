@@ -24,9 +24,7 @@ class RoutingTrace:
         self._chunks: dict[int, list[torch.Tensor]] = {}
         for layer, ids in (indices or {}).items():
             if ids.dim() != 3:
-                raise ValueError(
-                    f"layer {layer}: expected expert ids of shape [B, T, k], got {tuple(ids.shape)}"
-                )
+                raise ValueError(f"layer {layer}: expected expert ids of shape [B, T, k], got {tuple(ids.shape)}")
             self._chunks[int(layer)] = [ids]
         self._check_consistent()
 

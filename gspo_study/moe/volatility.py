@@ -78,9 +78,7 @@ def mismatch_metrics(
     "f_tau_<τ>" = share of tokens with max(r, 1/r) > τ, i.e. |log r| > log τ.
     """
     if train_logprobs.shape != rollout_logprobs.shape:
-        raise ValueError(
-            f"log-prob shapes differ: {tuple(train_logprobs.shape)} vs {tuple(rollout_logprobs.shape)}"
-        )
+        raise ValueError(f"log-prob shapes differ: {tuple(train_logprobs.shape)} vs {tuple(rollout_logprobs.shape)}")
     device = train_logprobs.device
     valid = _valid_mask(mask, tuple(train_logprobs.shape), device)
     n_valid = int(valid.sum())
@@ -106,9 +104,7 @@ GSPO_CLIP = (3e-4, 4e-4)
 def _clipped(log_ratio: torch.Tensor, advantages: torch.Tensor, clip: tuple[float, float]) -> torch.Tensor:
     """PPO's clip decision in log space: Â > 0 and r > 1 + ε_high, or Â < 0 and r < 1 − ε_low."""
     low, high = clip
-    return ((advantages > 0) & (log_ratio > math.log1p(high))) | (
-        (advantages < 0) & (log_ratio < math.log1p(-low))
-    )
+    return ((advantages > 0) & (log_ratio > math.log1p(high))) | ((advantages < 0) & (log_ratio < math.log1p(-low)))
 
 
 # |ℓ^route| quantiles the instrument logs (besides its mean and max)

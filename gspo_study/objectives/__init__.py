@@ -6,8 +6,9 @@
 
 `loss` is a scalar to minimise (the negative objective), `metrics` a dict of floats (docs/METRICS.md).
 `core` holds the shared machinery and documents masking, precision, aggregation and the normaliser;
-`algorithms` holds one small function per algorithm, each with its own hyperparameters. Departures from the paper: log-ratios are clamped to ±MAX_LOG_RATIO before exp (an
-overflow guard), and responses with no valid token are left out of the response count.
+`algorithms` holds one small function per algorithm, each with its own hyperparameters. Departures from the paper:
+log-ratios are clamped to ±MAX_LOG_RATIO before exp (an overflow guard), and responses with no valid token are left
+out of the response count.
 """
 
 from gspo_study.objectives import algorithms as _algorithms  # noqa: F401  (registers the objectives)

@@ -58,9 +58,7 @@ def cispo(x: PolicyInputs, p: ClipRange) -> Surrogate:
     """
     ratio = torch.exp(x.log_ratio)
     weight = ratio.clamp(1.0 - p.clip_low, 1.0 + p.clip_high).detach()
-    return Surrogate(
-        weight * x.token_advantages * x.logprobs, ratio < 1.0 - p.clip_low, ratio > 1.0 + p.clip_high
-    )
+    return Surrogate(weight * x.token_advantages * x.logprobs, ratio < 1.0 - p.clip_low, ratio > 1.0 + p.clip_high)
 
 
 @dataclass(frozen=True)

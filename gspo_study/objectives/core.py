@@ -166,8 +166,7 @@ def prepare(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask:
         )
     if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
         raise ValueError(
-            f"advantages must be [B] or [B, T]; got {tuple(advantages.shape)} for "
-            f"logprobs {tuple(logprobs.shape)}"
+            f"advantages must be [B] or [B, T]; got {tuple(advantages.shape)} for logprobs {tuple(logprobs.shape)}"
         )
     dtype = compute_dtype(logprobs, old_logprobs)
     mask = mask.bool()
@@ -280,8 +279,9 @@ def get_objective(name: str, aggregation: str = "seq_mean", **hyperparameters) -
     bad = {k: v for k, v in given.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
     if bad:
         raise ValueError(f"hyperparameters of {name!r} are numbers; got {bad}")
-    return Objective(name, spec.surrogate, replace(spec.defaults, **{k: float(v) for k, v in given.items()}),
-                     aggregation)  # fmt: skip
+    return Objective(
+        name, spec.surrogate, replace(spec.defaults, **{k: float(v) for k, v in given.items()}), aggregation
+    )
 
 
 def _check_aggregation(aggregation: str) -> None:

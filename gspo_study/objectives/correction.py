@@ -107,7 +107,7 @@ def _metrics(raw, c, units, valid, truncating: bool, cap: float) -> dict[str, fl
         "correction/masked_frac/seq": _seq_share(tok_dropped, valid) if per_token else float(dropped.double().mean()),
         "correction/truncated_frac/token": float(tok_cut.sum()) / int(valid.sum()),
         "correction/truncated_frac/seq": _seq_share(tok_cut, valid) if per_token else float(cut.double().mean()),
-    }  # fmt: skip
+    }
 
 
 def _spread(units: Tensor, flags: Tensor, valid: Tensor) -> Tensor:
@@ -131,14 +131,10 @@ def _seq_share(token_flags: Tensor, valid: Tensor) -> float:
 def check_correction(mode: str, cap: float, geo_cap: float, icepop: tuple[float, float]) -> None:
     """ValueError naming the bad value (the config turns it into a one-line error)."""
     if mode not in CORRECTIONS:
-        raise ValueError(
-            f"bad value {mode!r} for 'algo.rollout_correction'; allowed: {', '.join(CORRECTIONS)}"
-        )
+        raise ValueError(f"bad value {mode!r} for 'algo.rollout_correction'; allowed: {', '.join(CORRECTIONS)}")
     if not (cap > 1 and math.isfinite(cap)):
         raise ValueError(f"bad value {cap} for 'algo.rollout_correction_cap'; allowed: a number > 1")
     if not (geo_cap > 1 and math.isfinite(geo_cap)):
         raise ValueError(f"bad value {geo_cap} for 'algo.rollout_correction_geo_cap'; allowed: a number > 1")
     if not (0 < icepop[0] < 1 < icepop[1] < math.inf):
-        raise ValueError(
-            f"bad IcePop range {list(icepop)} for 'algo.icepop_low/high'; allowed: 0 < low < 1 < high"
-        )
+        raise ValueError(f"bad IcePop range {list(icepop)} for 'algo.icepop_low/high'; allowed: 0 < low < 1 < high")

@@ -29,9 +29,7 @@ def make_engine(
         from gspo_study.config import ServerConfig
         from gspo_study.rollout.vllm_server import VLLMServerEngine
 
-        return VLLMServerEngine(
-            model, tokenizer, dtype, server or ServerConfig(), weight_dir or "server-weights"
-        )
+        return VLLMServerEngine(model, tokenizer, dtype, server or ServerConfig(), weight_dir or "server-weights")
     raise ValueError(f"unknown rollout engine {name!r}; allowed: hf, vllm, vllm_server")
 
 

@@ -11,6 +11,7 @@ training forward position for position.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +96,38 @@ def merge_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         prompt_len=P,
         routing=type(parts["routing"][0]).cat(parts["routing"]) if parts["routing"] else None,
     )
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer asks of a rollout engine (`hf`, `vllm`, `vllm_server`; `make_engine` builds them).
+
+    `records_routing`: the engine can record each token's experts at no cost to its tokens, so the trainer asks
+    for the rollout's routing on every run (train–inference routing telemetry), not only for R3.
+    `writes_weights`: the engine writes the weights out (a server pool), so `sync` is handed `full_state` (the
+    whole weights gathered onto rank 0, layer by layer) instead of entering `gather` on every rank."""
+
+    model: Any  # the policy the engine samples from (the HF engine: its own copy when its dtype differs)
+    records_routing: bool
+    writes_weights: bool
+
+    def sync(self, model, gather=None, full_state=None) -> None:
+        """The trainer's current weights for the next `generate` (`gather`: a context in which they are whole)."""
+
+    def generate(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        generator: Any = None,
+        greedy: bool = False,
+        capture_routing: bool = False,
+        row_seeds: list[int] | None = None,
+    ) -> RolloutBatch:
+        """One response per prompt; `capture_routing`: `batch.routing` is the rollout's routing (R3)."""
+
+    def close(self) -> None:
+        """Release what the engine holds (a server pool the run started stops)."""
 
 
 def teacher_forced_batch(tokenizer, prompts: list[str], responses: list[str]) -> RolloutBatch:

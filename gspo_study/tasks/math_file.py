@@ -21,9 +21,7 @@ REQUIRED = ("prompt", "answer")
 
 def _check_record(rec: object, where: str) -> dict:
     if not isinstance(rec, dict):
-        raise TaskDataError(
-            f"{where}: record must be an object with keys {REQUIRED}, got {type(rec).__name__}"
-        )
+        raise TaskDataError(f"{where}: record must be an object with keys {REQUIRED}, got {type(rec).__name__}")
     for key in REQUIRED:
         if key not in rec:
             raise TaskDataError(f"{where}: record has no '{key}' (keys: {', '.join(map(str, rec))})")
@@ -97,8 +95,7 @@ class MathFileTask:
     def eval_problems(self, n: int) -> list[Problem]:
         if n > len(self.held_out):
             raise TaskDataError(
-                f"eval.num_prompts={n} but the task has {len(self.held_out)} held-out problems; lower "
-                "eval.num_prompts"
+                f"eval.num_prompts={n} but the task has {len(self.held_out)} held-out problems; lower eval.num_prompts"
             )
         return [self._problem(r, f"eval-{i}") for i, r in enumerate(self.held_out[:n])]
 

@@ -136,17 +136,14 @@ def probe_directory(target: Path, need: int, key: str, value: str) -> None:
     while not where.exists() and where != where.parent:
         where = where.parent
     if not where.is_dir():
-        raise ConfigError(
-            f"bad value {value!r} for '{key}': {where} is not a directory; allowed: a directory"
-        )
+        raise ConfigError(f"bad value {value!r} for '{key}': {where} is not a directory; allowed: a directory")
     try:
         fd, probe = tempfile.mkstemp(prefix=".gspo_study-probe-", dir=where)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise ConfigError(
-            f"bad value {value!r} for '{key}': cannot write in {where} ({exc.strerror}); allowed: a writable "
-            "directory"
+            f"bad value {value!r} for '{key}': cannot write in {where} ({exc.strerror}); allowed: a writable directory"
         ) from None
     free = shutil.disk_usage(where).free
     if free < need:
@@ -167,11 +164,7 @@ def settle_interrupted_save(cfg: Config) -> None:
 
 
 def init_checkpoint(cfg: Config) -> Path:
-    return (
-        Path(cfg.init_checkpoint)
-        if cfg.init_checkpoint
-        else cfg.out_dir / "checkpoints" / coldstart_name(cfg)
-    )
+    return Path(cfg.init_checkpoint) if cfg.init_checkpoint else cfg.out_dir / "checkpoints" / coldstart_name(cfg)
 
 
 def require_model_path(cfg: Config) -> None:
@@ -253,11 +246,7 @@ def _resume(cfg: Config, path: Path):
     if state.step > cfg.train.steps:
         raise ValueError(f"its step {state.step} is beyond train.steps={cfg.train.steps}")
     optim_file = path / "optimizer.pt"
-    optim = (
-        torch.load(optim_file, weights_only=True)
-        if optim_file.exists() or cfg.train.backend == "torch"
-        else None
-    )
+    optim = torch.load(optim_file, weights_only=True) if optim_file.exists() or cfg.train.backend == "torch" else None
     return model, tokenizer, state, optim
 
 

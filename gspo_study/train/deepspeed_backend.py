@@ -3,8 +3,8 @@
 Division of work: every rank holds the whole rollout batch (see Rollouts below), computes π_old and
 telemetry on all of it, and updates on its share of each minibatch (rows rank::world). The loss of a
 micro-batch is divided by the *whole minibatch's* response (or token) count and multiplied by the world
-size, because DeepSpeed averages gradients over ranks: the summed gradient then equals the single-process gradient, whatever the world
-size or micro-batch size (PAPER.md pitfalls). DeepSpeed's own loss scaling by gradient-accumulation
+size, because DeepSpeed averages gradients over ranks: the summed gradient then equals the single-process gradient,
+whatever the world size or micro-batch size (PAPER.md pitfalls). DeepSpeed's own loss scaling by gradient-accumulation
 steps is turned off (`scale_wrt_gas=False`) for the same reason.
 
 Rollouts: with `rollout.sharded` each rank generates its share of the batch (every response from its own
@@ -68,9 +68,7 @@ def safe_load(path: str, map_location=None):
             return torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
         found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", str(exc))
-        detail = (
-            f"{found.group(1)} is not allowed" if found else (str(exc).strip().splitlines() or [""])[0][:160]
-        )
+        detail = f"{found.group(1)} is not allowed" if found else (str(exc).strip().splitlines() or [""])[0][:160]
         raise CheckpointError(
             f"refusing ZeRO checkpoint file {path}: it holds objects a checkpoint never needs ({detail}); delete "
             "the run's checkpoint directory to start the run over"
@@ -94,15 +92,18 @@ def ds_config(cfg, micro_batch_size: int, accumulation: int) -> dict:
 
 
 class DeepSpeedBackend:
+    sharded = True  # every rank saves and loads its ZeRO partition (`save_sharded` / `load_sharded`)
+
     def __init__(self, model, cfg, rank: int, world: int, rows_per_rank: int):
         import deepspeed
 
         self.rank, self.world = rank, world
         micro = cfg.train.micro_batch_size or rows_per_rank
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=param_groups(model, cfg.train.router_lr_scale),
+            model=model,
+            model_parameters=param_groups(model, cfg.train.router_lr_scale),
             config=ds_config(cfg, micro, math.ceil(rows_per_rank / micro)),
-        )  # fmt: skip
+        )
         self.model = self.engine.module
         self.train_module = self.engine  # update forwards go through the engine (its micro-step bookkeeping)
 
@@ -130,9 +131,7 @@ class DeepSpeedBackend:
         return None  # nothing for rank 0 to write: see save_sharded
 
     def load_state_dict(self, state: dict | None) -> None:
-        warnings.warn(
-            "a deepspeed run checkpoint without ZeRO state: resuming with a fresh optimizer", stacklevel=2
-        )
+        warnings.warn("a deepspeed run checkpoint without ZeRO state: resuming with a fresh optimizer", stacklevel=2)
 
     def save_sharded(self, directory: Path, tag: str) -> None:
         """Collective: every rank writes its ZeRO partition (weights and Adam state) as `directory/tag`."""

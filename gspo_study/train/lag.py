@@ -43,9 +43,7 @@ class PolicyLag:
         return list(self._queue)[-self.lag :]
 
     def save(self, path: Path) -> None:
-        tensors = {
-            f"{i}.{n}": t.contiguous() for i, snap in enumerate(self.snapshots()) for n, t in snap.items()
-        }
+        tensors = {f"{i}.{n}": t.contiguous() for i, snap in enumerate(self.snapshots()) for n, t in snap.items()}
         save_file(tensors, str(path))
 
     @staticmethod

@@ -11,9 +11,10 @@ The estimate is arithmetic over the config and the model's shapes (bytes; T = lo
 - updates: per micro-batch, every layer's saved activations (hidden states, attention scores, the experts'
   intermediates for top-k) and the logits with their log-softmax and gradient (3 · rows · T · vocab floats);
 - evaluation: the rollout's terms for `eval.batch_size` rows.
-Peak = state + a fixed workspace + ACTIVATION_FACTOR × the largest phase (both calibrated). Its error against measured peaks (`make bench`'s peak RSS) is stated in
-docs/RELIABILITY.md; the check refuses only a step whose estimate exceeds the memory available, so an estimate
-that is high by its stated error still admits every step that fits with room to spare. The torch backend only:
+Peak = state + a fixed workspace + ACTIVATION_FACTOR × the largest phase (both calibrated). Its error against
+measured peaks (`make bench`'s peak RSS) is stated in docs/RELIABILITY.md; the check refuses only a step whose
+estimate exceeds the memory available, so an estimate that
+is high by its stated error still admits every step that fits with room to spare. The torch backend only:
 ZeRO partitions state and vLLM holds its own cache (docs/SCALE.md sizes those by hand).
 """
 
@@ -136,8 +137,11 @@ def check_step_fits(
     if cfg.train.backend == "torch" and est["peak"] > have:
         phase = max((k for k in est if k not in ("state", "peak")), key=est.get)
         r = cfg.rollout
-        batch = (f"sft.batch_size={cfg.sft.batch_size}" if sft else
-                 f"rollout.group_size={r.group_size} x rollout.prompts_per_step={r.prompts_per_step}")  # fmt: skip
+        batch = (
+            f"sft.batch_size={cfg.sft.batch_size}"
+            if sft
+            else f"rollout.group_size={r.group_size} x rollout.prompts_per_step={r.prompts_per_step}"
+        )
         raise ConfigError(
             f"a{'n SFT' if sft else 'n RL'} step needs ≈ {est['peak'] / GIB:,.1f} GiB (its {phase} phase ≈ "
             f"{est[phase] / GIB:,.1f} GiB, at {batch}, {prompt_tokens + r.max_new_tokens} positions), but this "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -26,6 +27,13 @@ def scaled_lrs(optimizer, lr: float) -> None:
 
 
 class TorchBackend:
+    """One process, AdamW. The backends' common interface (`DeepSpeedBackend` too): `model`, `train_module`,
+    `backward`, `step`, `state_dict` / `load_state_dict`, `sharded` (whether the optimizer state lives in
+    per-rank files: `save_sharded` / `load_sharded`), `gathered_parameters` and `full_state_dict` (the whole
+    weights, for a rollout engine)."""
+
+    sharded = False
+
     def __init__(self, model, lr: float, weight_decay: float, grad_clip: float, router_lr_scale: float = 1.0):
         self.model = self.train_module = model  # train_module: what update forwards call
         self.grad_clip = grad_clip
@@ -51,3 +59,11 @@ class TorchBackend:
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
+
+    def gathered_parameters(self):
+        """The parameters are whole already."""
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> None:
+        """None: the rollout engine reads the model's own weights."""
+        return None

