@@ -1,5 +1,6 @@
 """Run under torchrun (tests/test_deepspeed.py): the deepspeed backend on 2 gloo ranks skips an update whose
-gradient is not finite (weights unchanged, norm reported non-finite) and applies the next finite one."""
+gradient is not finite (weights unchanged, norm reported non-finite) and applies the next finite one, for each
+ZeRO stage given (one launch, a fresh model and engine per stage)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from gspo_study.train.deepspeed_backend import DeepSpeedBackend
 from gspo_study.train.dist import exit_cleanly, init_distributed
 
 
-def main(checkpoint: str, stage: int) -> None:
-    rank, world = init_distributed()
+def check(checkpoint: str, stage: int, rank: int, world: int) -> None:
     model, tok = load_pretrained(checkpoint)
     cfg: Config = OmegaConf.to_object(OmegaConf.structured(Config))
     cfg.train.zero_stage, cfg.train.backend = stage, "deepspeed"
@@ -36,9 +36,15 @@ def main(checkpoint: str, stage: int) -> None:
     norm = backend.step(1e-3)
     after = snapshot()
     assert math.isfinite(norm) and torch.isfinite(after).all() and not torch.equal(after, before)
-    print(f"rank {rank}: ok")
+    print(f"rank {rank}, ZeRO-{stage}: ok", flush=True)
+
+
+def main(checkpoint: str, stages: list[int]) -> None:
+    rank, world = init_distributed()
+    for stage in stages:
+        check(checkpoint, stage, rank, world)
 
 
 if __name__ == "__main__":
     with exit_cleanly():
-        main(sys.argv[1], int(sys.argv[2]))
+        main(sys.argv[1], [int(s) for s in sys.argv[2:]])

@@ -227,23 +227,7 @@ def test_real_server_follows_every_weight_push(served):
     assert moved["mean"] > 1e-3
 
 
-@pytest.mark.slow
-def test_real_server_reached_by_address_and_stopped_as_a_group(served, tmp_path):
-    """A second engine given the first one's server as `rollout.server.urls` (an external pool): it pushes its
-    own weights there and leaves the server running at close; the engine that started it stops its group."""
-    url = served.engine.urls[0]
-    other_model = smoke(head_dim=32, moe_intermediate_size=32)
-    other = VLLMServerEngine(other_model, TOK, "float32", ServerConfig(urls=[url]), tmp_path / "w")
-    batch = other.generate(PROMPTS, 10, TEMPERATURE, torch.Generator().manual_seed(3))
-    assert other.process is None and _hf_diff(other_model, batch)["mean"] < 1e-6
-    other.close()
-    pgid = served.engine.process.pgid
-    assert group_alive(pgid)
-    served.engine.close()
-    assert not group_alive(pgid) and not served.engine.weight_dir.exists()
-
-
-def _train_server(root: Path, init: Path, kill_at: int | None = None):
+def _train_server(root: Path, init: Path, kill_at: int | None = None, urls: list[str] = ()):
     over = [
         f"results_dir={root}",
         f"tracking.uri=sqlite:///{root}/mlflow.db",
@@ -251,6 +235,7 @@ def _train_server(root: Path, init: Path, kill_at: int | None = None):
         "rollout.engine=vllm_server",
         f"rollout.server.python={VLLM_PY}",
         "train.steps=4",
+        *([f"rollout.server.urls=[{','.join(urls)}]"] if urls else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     if kill_at is not None:
@@ -261,11 +246,12 @@ def _train_server(root: Path, init: Path, kill_at: int | None = None):
 
 
 @pytest.mark.slow
-def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, tmp_path):  # noqa: F811
+def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, served, tmp_path):  # noqa: F811
     """`train ... rollout.engine=vllm_server` end to end: the suite starts the server (vLLM's CPU build, another
-    interpreter), the trainer is SIGKILLed after step 3 and its server's process group dies with it; the resumed
-    run starts a new server on its step-2 checkpoint's weights, every step is logged once, the parameters
-    changed, and the server's log-probs equal the fp32 trainer's at every step (so every push landed)."""
+    interpreter), the trainer is SIGKILLed after step 3 and its server's process group dies with it; the run
+    resumes against a running server given by address (`rollout.server.urls`: the module's, so this test starts
+    one server, not two) and pushes its step-2 checkpoint's weights there, every step is logged once, the
+    parameters changed, and the server's log-probs equal the fp32 trainer's at every step (every push landed)."""
     from gspo_study.train.checkpointing import run_dir
     from tests.test_trainer import history, weights
 
@@ -277,7 +263,7 @@ def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, tm
     while group_alive(record["pgid"]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not group_alive(record["pgid"]), "the killed trainer's server outlived it"
-    done, cfg = _train_server(tmp_path, vllm_coldstart)
+    done, cfg = _train_server(tmp_path, vllm_coldstart, urls=served.engine.urls)
     assert done.returncode == 0, done.stderr[-3000:]
     hist = history(cfg)
     assert sorted(hist["rollout/reward/mean"]) == [1, 2, 3, 4] and sorted(hist["eval/pass_at_1"]) == [0, 2, 4]
@@ -346,10 +332,11 @@ def test_rollout_server_command_for_a_pool_on_other_machines(capsys):
 
 
 @pytest.mark.slow
-def test_real_server_with_two_zero3_ranks_matches_one_process(vllm_coldstart, tmp_path):  # noqa: F811
+def test_real_server_with_two_zero3_ranks_matches_one_process(vllm_coldstart, served, tmp_path):  # noqa: F811
     """2 DeepSpeed ranks (gloo, ZeRO-3) against the suite's server: rank 0 starts it, the weights are pushed from
     the layer-by-layer gather every step, rank 0's rollout is broadcast — the losses, rewards and the server's
-    agreement with the trainer match a one-process run against its own server (same seeds, same tokens)."""
+    agreement with the trainer match a one-process run against another server (the module's, reached by
+    address: same seeds, same tokens)."""
     from tests.test_deepspeed import ENV, TORCHRUN
     from tests.test_trainer import history
 
@@ -362,7 +349,8 @@ def test_real_server_with_two_zero3_ranks_matches_one_process(vllm_coldstart, tm
         f"init_checkpoint={vllm_coldstart}",
     ]
     runs = {}
-    for name, extra in (("one", []), ("ranks", ["train.backend=deepspeed", "train.zero_stage=3"])):
+    address = f"rollout.server.urls=[{','.join(served.engine.urls)}]"
+    for name, extra in (("one", [address]), ("ranks", ["train.backend=deepspeed", "train.zero_stage=3"])):
         over = [
             f"results_dir={tmp_path / name}",
             f"tracking.uri=sqlite:///{tmp_path / name}/mlflow.db",
@@ -394,3 +382,20 @@ def test_r3_against_the_cpu_build_is_refused_in_one_line_before_anything_is_writ
         engine.generate(PROMPTS, 4, TEMPERATURE, torch.Generator().manual_seed(0), capture_routing=True)
     assert "\n" not in str(err.value) and "rollout.engine=vllm_server" in str(err.value)
     assert not (tmp_path / "w").exists() and engine.process is None
+
+
+@pytest.mark.slow
+def test_real_server_reached_by_address_and_stopped_as_a_group(served, tmp_path):
+    """A second engine given the first one's server as `rollout.server.urls` (an external pool): it pushes its
+    own weights there and leaves the server running at close; the engine that started it stops its group.
+    Last in the file: the end-to-end runs above reach the same server by address (one start per test)."""
+    url = served.engine.urls[0]
+    other_model = smoke(head_dim=32, moe_intermediate_size=32)
+    other = VLLMServerEngine(other_model, TOK, "float32", ServerConfig(urls=[url]), tmp_path / "w")
+    batch = other.generate(PROMPTS, 10, TEMPERATURE, torch.Generator().manual_seed(3))
+    assert other.process is None and _hf_diff(other_model, batch)["mean"] < 1e-6
+    other.close()
+    pgid = served.engine.process.pgid
+    assert group_alive(pgid)
+    served.engine.close()
+    assert not group_alive(pgid) and not served.engine.weight_dir.exists()
