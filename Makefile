@@ -76,7 +76,7 @@ OVERRIDES ?=
 coldstart: install
 	$(PY) -m gspo_study eval --scale $(SCALE) $(OVERRIDES)
 
-# make reproduce-figure-N [SCALE=smoke|cpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
+# make reproduce-figure-N [SCALE=smoke|cpu|gpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
 reproduce-figure-%: install
 	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) --jobs $(JOBS) $(SEEDS_ARG) $(OVERRIDES)
 	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)

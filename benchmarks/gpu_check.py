@@ -18,6 +18,11 @@ Parts (each is recorded as ok / skipped / failed with its numbers; one failing d
   (the routers' natural choices on the step's rollout, before vs after that one optimizer step: the paper's
   ≈ 10 % "after one gradient update" for the 48-layer model) as well as per RL step (π_old vs after the
   step's 4 updates, what the suite logs as `moe/routing_volatility/*`).
+- `suite`: the suite's own commands on the device — `python -m gspo_study sft` and `train` (GSPO, GRPO + R2, a
+  few steps) at the gpu scale (experiments/gpu/; `--tiny`: its smoke shape) with an MLflow store in DIR/suite,
+  checked for parameters on the device (the runs' provenance.device tag), changed weights and finite metrics,
+  with seconds per step and peak GPU memory; then `make reproduce-figure-1 SCALE=smoke` on the device; on CUDA
+  tests/test_device.py. Skipped with one line where MLflow or the analysis packages are missing (the bundle).
 - `vllm`: `tests/test_vllm_engine.py -k GPU` (the real engine in bf16, weight sync, R3 routing) when vllm and
   pytest import; else skipped with one line.
 - `vllm_server`: the `vllm_server` rollout engine against a real vLLM server it starts (bf16 log-probs vs the
@@ -32,10 +37,10 @@ Writes DIR/results.json (everything) and DIR/summary.txt (a few lines). Needs no
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import importlib.util
 import json
+import os
 import platform
 import random
 import subprocess
@@ -52,11 +57,12 @@ sys.path.insert(0, str(ROOT))
 from gspo_study.config import load_config  # noqa: E402
 from gspo_study.evaluate import score  # noqa: E402
 from gspo_study.models import build_char_tokenizer, build_model  # noqa: E402
-from gspo_study.models.presets import active_params  # noqa: E402
+from gspo_study.models.presets import PRESETS, active_params  # noqa: E402
 from gspo_study.moe import mismatch_metrics, record_routing, routing_volatility  # noqa: E402
 from gspo_study.objectives import get_objective, group_advantages  # noqa: E402
 from gspo_study.rollout import HFEngine  # noqa: E402
 from gspo_study.rollout.base import teacher_forced_batch  # noqa: E402
+from gspo_study.runtime import autocast  # noqa: E402
 from gspo_study.sft import lr_lambda, sft_loss  # noqa: E402
 from gspo_study.tasks import get_task  # noqa: E402
 from gspo_study.train import checkpointing  # noqa: E402
@@ -67,17 +73,7 @@ PAPER_VOLATILITY_PER_UPDATE = 0.10  # §5.3: ~10% of activated experts differ af
 
 # The miniature: Qwen3-30B-A3B's routing shape (48 layers, 128 experts, top-8) at a small width.
 SHAPES = {
-    "mini": dict(
-        num_hidden_layers=48,
-        num_experts=128,
-        num_experts_per_tok=8,
-        hidden_size=128,
-        moe_intermediate_size=64,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-    ),
+    "mini": dict(PRESETS["qwen3-moe-mini"]),  # the gpu scale's model (experiments/gpu/base.yaml)
     "tiny": dict(
         num_hidden_layers=4,
         num_experts=8,
@@ -142,13 +138,6 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def autocast(device: torch.device):
-    """bf16 compute for training forwards on CUDA (fp32 master weights); nothing on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def peak_gb(device: torch.device) -> float | None:
     return round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if device.type == "cuda" else None
 
@@ -183,7 +172,7 @@ def pick_experts_kernel(shape: str, device: torch.device, wanted: str) -> tuple[
         try:
             model, _ = build(shape, device, 0, impl)
             ids = torch.randint(4, 25, (2, 8), device=device)
-            with autocast(device):  # the training forward and backward
+            with autocast(model):  # the training forward and backward, as token_logprobs runs them
                 model(ids).logits.float().sum().backward()
             with torch.no_grad():  # the rollout engine's bf16 copy
                 copy.deepcopy(model).to(torch.bfloat16)(ids)
@@ -232,8 +221,7 @@ def part_coldstart(state: dict) -> dict:
             break
         probs = task.sample_train(sizes["sft_batch"], random.Random(seed * 100_003 + step))
         batch = teacher_forced_batch(tok, [p.prompt for p in probs], [task.sft_target(p) for p in probs])
-        with autocast(device):
-            loss = sft_loss(model, batch)
+        loss = sft_loss(model, batch)  # bf16 autocast on CUDA: the suite's own (runtime.autocast)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -284,7 +272,7 @@ def part_hf_engine(state: dict) -> dict:
     again = _gen(engine, prompts, 1)
     mask = batch.response_mask
     same = torch.equal(batch.sequences, again.sequences)
-    with torch.no_grad(), autocast(device), record_routing(model) as train_routing:
+    with torch.no_grad(), record_routing(model) as train_routing:  # the trainer's forward (autocast on CUDA)
         train_lp, _ = token_logprobs(model, batch.sequences, batch.attention_mask)
     with torch.no_grad(), record_routing(engine.model) as engine_routing:
         engine_lp, _ = token_logprobs(engine.model, batch.sequences, batch.attention_mask)
@@ -339,15 +327,13 @@ def rl_step(ctx, step: int, device: torch.device) -> dict:
     rows, batch = rollout(ctx, step)
     rewards, _ = score(ctx.task, rows, batch)
     adv = group_advantages(rewards, cfg.rollout.group_size, cfg.algo.advantage_eps)
-    with autocast(device):
-        old_lp, natural_old = policy_pass(ctx, batch, None)
+    old_lp, natural_old = policy_pass(ctx, batch, None)  # the trainer's forwards: bf16 autocast on CUDA
     replay = natural_old if cfg.algo.routing_replay == "r2" else None
     perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch")))
     mask, prev, per_update, clip = batch.response_mask, natural_old, [], []
     for rows_mb in perm.chunk(cfg.train.num_minibatches):
-        with autocast(device):
-            metrics = update_minibatch(ctx, batch, rows_mb, adv, old_lp, replay, learning_rate(cfg, step)).metrics
-            _, natural = policy_pass(ctx, batch, None)
+        metrics = update_minibatch(ctx, batch, rows_mb, adv, old_lp, replay, learning_rate(cfg, step)).metrics
+        _, natural = policy_pass(ctx, batch, None)
         vol = routing_volatility(prev, natural, mask)
         per_update.append({k: vol[k] for k in ("overall", "tokens_any_changed")} | _depth(vol))
         clip.append(metrics["policy/clip_frac/token"])
@@ -463,7 +449,7 @@ def part_vllm_server(state: dict) -> dict:
 
     def forward(batch):
         seq, att = batch.sequences.to(device), batch.attention_mask.to(device)
-        with torch.no_grad(), autocast(device), record_routing(model) as trace:
+        with torch.no_grad(), record_routing(model) as trace:
             lp, _ = token_logprobs(model, seq, att)
         return lp.float().cpu(), trace.to("cpu")
 
@@ -507,6 +493,137 @@ def part_deepspeed(state: dict) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------------------------- the suite
+SUITE_RUNS = ("gspo", "grpo_r2")  # experiments/runs/<name>.yaml, trained by `python -m gspo_study train`
+SUITE_RESERVE_S = {"cuda": 240.0, "cpu": 150.0}  # seconds kept for the suite part (its commands start processes)
+# --tiny: the gpu scale's files with the smoke shape, task and batch (the CPU test of this part)
+TINY_SUITE = [
+    "model.preset=qwen3-moe-smoke",
+    "task.num_terms=2",
+    "task.digits=1",
+    "rollout.prompts_per_step=8",
+    "rollout.group_size=4",
+    "train.lr=1e-3",
+    "rollout.max_new_tokens=12",
+    "eval.num_prompts=4",
+    "eval.batch_size=16",
+    "threads=1",
+]
+
+
+def _suite(args: list[str], timeout: float, make: bool = False) -> tuple[subprocess.CompletedProcess, float]:
+    """One of the suite's commands in a child process: (its result, wall seconds)."""
+    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
+    cmd = args if make else [sys.executable, "-m", "gspo_study", *args]
+    t0 = time.time()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(60.0, timeout))
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd[:6]))} … exited {done.returncode}: {done.stderr[-1500:]}")
+    return done, round(time.time() - t0, 2)
+
+
+def _finite(values) -> bool:
+    return all(v == v and abs(v) != float("inf") for v in values)
+
+
+def part_suite(state: dict) -> dict:
+    """The suite's own commands on the check's device: `python -m gspo_study sft` then `train` for GSPO and
+    GRPO + R2 at the gpu scale (experiments/gpu/; --tiny: its smoke shape), with an MLflow store in the output
+    folder — the runs' parameters on the device (their provenance.device tag), changed, and every metric
+    finite, per-step time and peak memory — then `make reproduce-figure-1 SCALE=smoke` on the device, and on
+    CUDA tests/test_device.py (every forward's inputs on the model's device)."""
+    import resource
+
+    from gspo_study.config import load_config as load
+    from gspo_study.sft import checkpoint_dir
+    from gspo_study.train.checkpointing import run_dir
+
+    missing = [m for m in ("mlflow", "pandas", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        return {
+            "status": "skipped",
+            "reason": f"the suite's commands need {', '.join(missing)} (`make install` with a CUDA torch: "
+            "make install TORCH_SPEC='torch>=2.6')",
+        }
+    from mlflow import MlflowClient
+    from safetensors.torch import load_file
+
+    device, tiny, check = state["device"], state["shape"] == "tiny", state["check"]
+    root = check.out / "suite"
+    store = f"sqlite:///{root}/mlflow.db"
+    common = [f"results_dir={root}", f"tracking.uri={store}", f"train.device={device.type}", f"seed={state['seed']}"]
+    common += TINY_SUITE if tiny else []
+    sft = [
+        "sft.target_pass1=null",
+        "sft.check_every=10",  # the default: a check interval without a target is refused as inert
+        *(["sft.steps=100", "sft.batch_size=32", "sft.lr=1e-2"] if tiny else ["sft.steps=150"]),
+    ]
+    train = ["train.steps=3", "eval.every=0", "train.checkpoint_every=0", "eval.num_prompts=" + ("4" if tiny else "64")]
+    base, coldstart = "experiments/gpu/base.yaml", "experiments/gpu/coldstart.yaml"
+    out = {"device": str(device), "overrides": common}
+    _, out["sft_s"] = _suite(["sft", coldstart, *common, *sft], check.left())
+    ckpt = checkpoint_dir(load([ROOT / coldstart], [*common, *sft]))
+    out["sft"] = json.loads((ckpt / "sft_log.json").read_text())["meta"]
+    before = load_file(str(next(ckpt.glob("*.safetensors"))))
+    client = MlflowClient(store)
+    for run in SUITE_RUNS:
+        files = [base, f"experiments/runs/{run}.yaml"]
+        over = [*common, *train, f"init_checkpoint={ckpt}"]
+        _, seconds = _suite(["train", *files, *over], check.left())
+        cfg = load([ROOT / f for f in files], over)
+        (found,) = client.search_runs(
+            [client.get_experiment_by_name(cfg.tracking.experiment).experiment_id], f"tags.run_key = '{_key(cfg)}'"
+        )
+        metrics, tags = found.data.metrics, found.data.tags
+        signal = [
+            m.value for m in client.get_metric_history(found.info.run_id, mlflow_key("rollout/zero_std_group_frac"))
+        ]
+        after = load_file(str(next((run_dir(cfg) / "checkpoint").glob("*.safetensors"))))
+        changed = sum(not torch.equal(before[k], after[k]) for k in before if k in after)
+        steps = cfg.train.steps
+        out[run] = {
+            "wall_s": seconds,
+            "seconds_per_step": round(metrics["compute/seconds"] / steps, 3),
+            "provenance_device": tags.get("provenance.device"),
+            "provenance_precision": tags.get("provenance.precision"),
+            "params_on_device": tags.get("provenance.device", "").startswith(device.type),
+            "tensors_changed": changed,
+            "metrics_finite": _finite(metrics.values()),
+            "eval_pass@1_end": metrics.get(mlflow_key("eval/pass@1")),
+            "peak_gpu_memory_gb": metrics.get(mlflow_key("perf/peak_gpu_memory_gb")),
+            "steps_with_signal": sum(v < 1 for v in signal),  # a step whose every group has one reward: no gradient
+        }
+        moved = changed > 0 or out[run]["steps_with_signal"] == 0
+        if not (out[run]["params_on_device"] and moved and out[run]["metrics_finite"]):
+            raise RuntimeError(f"{run}: {out[run]}")
+    figure = check.out / "figure-1"
+    over = f"train.device={device.type} results_dir={figure} tracking.uri=sqlite:///{figure}/mlflow.db train.steps=2"
+    make = ["make", "-o", "install", "reproduce-figure-1", f"PY={sys.executable}", "SCALE=smoke", "SEEDS=1", "JOBS=1"]
+    _, out["reproduce_figure_1_s"] = _suite([*make, f"OVERRIDES={over}"], check.left(), make=True)
+    out["figure_files"] = sorted(p.name for p in figure.rglob("figure-1*.png"))
+    if not out["figure_files"]:
+        raise RuntimeError(f"make reproduce-figure-1 drew no figure-1 PNG under {figure}")
+    out["peak_rss_children_gb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2)
+    if device.type == "cuda" and importlib.util.find_spec("pytest") is not None:
+        cmd = [sys.executable, "-m", "pytest", "tests/test_device.py", "-q", "-p", "no:cacheprovider"]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(60.0, check.left()))
+        out["device_tests"] = {"returncode": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
+    return out
+
+
+def _key(cfg) -> str:
+    from gspo_study.tracking import run_key
+
+    return run_key(cfg)
+
+
+def mlflow_key(name: str) -> str:
+    from gspo_study.tracking import mlflow_key as key
+
+    return key(name)
+
+
 # ---------------------------------------------------------------------------------------------- summary
 def summary(results: dict) -> str:
     lines = []
@@ -543,6 +660,18 @@ def summary(results: dict) -> str:
                 f"volatility {100 * r['mean_volatility_per_update']:.2f} % per update, "
                 f"{100 * r['mean_volatility_per_step']:.2f} % per step (paper: ≈ 10 % per update)"
             )
+    suite = results.get("suite", {})
+    if suite.get("status") == "ok":
+        runs = ", ".join(
+            f"{r} {suite[r]['seconds_per_step']:.2f} s/step"
+            + (f", {suite[r]['peak_gpu_memory_gb']:.2f} GB peak" if suite[r].get("peak_gpu_memory_gb") else "")
+            for r in SUITE_RUNS
+        )
+        lines.append(
+            f"suite: sft {suite['sft_s']:.0f} s; train on {suite[SUITE_RUNS[0]]['provenance_device']} "
+            f"({suite[SUITE_RUNS[0]]['provenance_precision']}): {runs}; make reproduce-figure-1 SCALE=smoke "
+            f"{suite['reproduce_figure_1_s']:.0f} s"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -578,10 +707,12 @@ def main(argv: list[str] | None = None) -> int:
     check.results["env"]["experts_kernels_failed"] = tried
     state["sft_budget_s"] = 0.25 * args.budget_s
     vllm_runs = device.type == "cuda" and importlib.util.find_spec("vllm") is not None
-    state["reserve_s"] = VLLM_RESERVE_S if vllm_runs else 10.0
+    state["reserve_s"] = (VLLM_RESERVE_S if vllm_runs else 10.0) + SUITE_RESERVE_S[device.type]
     if check.part("coldstart", part_coldstart, state)["status"] == "ok":
         check.part("hf_engine", part_hf_engine, state)
         check.part("rl", part_rl, state)
+    state["reserve_s"] -= SUITE_RESERVE_S[device.type]
+    check.part("suite", part_suite, state)
     check.part("vllm", part_vllm, state)
     state["vllm_python"] = args.vllm_python
     check.part("vllm_server", part_vllm_server, state)

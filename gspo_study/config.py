@@ -200,6 +200,10 @@ class TrainConfig:
     """Stop after this many consecutive skipped non-finite updates."""
     checkpoint_every: int = 10
     """Steps between checkpoints (0: only at the end)."""
+    device: str = "auto"
+    """Where the torch backend's model runs: auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N; on CUDA an
+    fp32 model's training forwards run under bf16 autocast (docs/SCALE.md). Like threads, not part of a run's
+    identity; recorded as the run's provenance.device tag. DeepSpeed places each rank itself (auto only)."""
 
 
 @dataclass
@@ -272,7 +276,7 @@ class Config:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "scale": ("smoke", "cpu", "paper"),
+    "scale": ("smoke", "cpu", "gpu", "paper"),
     "model.dtype": ("float32", "bfloat16"),
     "model.experts_implementation": ("grouped_mm_index", "grouped_mm", "eager", "batched_mm"),
     "algo.aggregation": ("seq_mean", "token_mean"),
@@ -500,9 +504,15 @@ def field_docs() -> dict[str, str]:
     return out
 
 
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; whether CUDA is there is asked at run time
+DEVICE_TEXT = "auto, cpu, cuda, cuda:N"
+
+
 def allowed(key: str) -> str:
     """What a field accepts, in the words its one-line error uses."""
     named = {**CHOICES, **registries()}
+    if key == "train.device":
+        return DEVICE_TEXT
     if key in named:
         return ", ".join(map(str, named[key]))
     if key in RANGES:
@@ -728,6 +738,15 @@ def validate(cfg: Config) -> None:
         value = _get(cfg, key)
         _require(value in allowed, f"bad value {value!r} for '{key}'; allowed: {', '.join(map(str, allowed))}")
     _check_numbers(cfg)
+    _require(
+        isinstance(cfg.train.device, str) and bool(DEVICE.fullmatch(cfg.train.device)),
+        f"bad value {cfg.train.device!r} for 'train.device'; allowed: {DEVICE_TEXT}",
+    )
+    _require(
+        cfg.train.device == "auto" or cfg.train.backend == "torch",
+        f"train.device={cfg.train.device!r} with train.backend=deepspeed: DeepSpeed places each rank on its own "
+        "device (LOCAL_RANK); allowed here: train.device=auto",
+    )
     from gspo_study.objectives import get_objective
     from gspo_study.objectives.correction import check_correction
 

@@ -23,7 +23,9 @@ PREFIX = "provenance."
 # flags are about virtualisation, power management and errata)
 SIMD = re.compile(r"^(sse\w*|ssse3|avx\w*|amx\w*|fma\w*|f16c|bmi\d|vnni\w*|sha_ni|aes|pclmulqdq)$")
 # the tags that make two runs of one config the same draw (the others are recorded for the reader)
-DRAW_KEYS = ("cpu", "cpu_flags", "threads", "torch", "transformers", "blas")
+DRAW_KEYS = ("cpu", "cpu_flags", "threads", "torch", "transformers", "blas", "device", "precision")
+# what a run tagged before a key existed was drawn with (every run before train.device was on the CPU, in fp32)
+BEFORE = {"device": "cpu", "precision": "fp32"}
 
 
 def _cpuinfo() -> tuple[str, str]:
@@ -65,17 +67,19 @@ def _static() -> dict[str, str]:
     }
 
 
-def tags() -> dict[str, str]:
+def tags(device: str = "cpu", precision: str = "fp32") -> dict[str, str]:
     """This process's provenance as MLflow tags (`provenance.cpu`, …); `threads` is torch's current intra-op
-    thread count, so call it after the run's threads are set."""
+    thread count, so call it after the run's threads are set; `device` and `precision`: where the run's model
+    trains and its forwards' precision (gspo_study.runtime.device_text, precision_text)."""
     import torch
 
-    return {PREFIX + k: v for k, v in {**_static(), "threads": str(torch.get_num_threads())}.items()}
+    mine = {"threads": str(torch.get_num_threads()), "device": device, "precision": precision}
+    return {PREFIX + k: v for k, v in {**_static(), **mine}.items()}
 
 
 def draw(run_tags: dict[str, str]) -> dict[str, str]:
     """The draw-defining part of a run's tags, plus where it started from (`init_fingerprint`)."""
-    out = {k: run_tags.get(PREFIX + k, "unrecorded") for k in DRAW_KEYS}
+    out = {k: run_tags.get(PREFIX + k, BEFORE.get(k, "unrecorded")) for k in DRAW_KEYS}
     return {**out, "cold start": run_tags.get("init_fingerprint", "unrecorded")}
 
 

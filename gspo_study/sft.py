@@ -97,8 +97,10 @@ def ensure_trained(cfg: Config) -> Path:
 
 def _preflight(cfg: Config) -> None:
     """Before minutes of training: the checkpoint can be written, and the task has SFT targets."""
+    from gspo_study.runtime import training_device
     from gspo_study.train.checkpointing import MIN_FREE_BYTES, probe_directory, require_model_path
 
+    training_device(cfg)  # a CUDA device torch does not see
     require_model_path(cfg)
     probe_directory(checkpoint_dir(cfg).parent, MIN_FREE_BYTES, "results_dir", cfg.results_dir)
     task = get_task(cfg.task)
@@ -155,6 +157,9 @@ def _train(cfg: Config) -> Path:
         "seconds": time.time() - start,
         "final_loss": log[-1]["loss"] if log else None,
     }
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        meta["device"], meta["peak_gpu_memory_gb"] = str(device), torch.cuda.max_memory_allocated(device) / 2**30
     save_pretrained(model, tokenizer, out, extra={"sft_log.json": {"meta": meta, "log": log}})
     print(json.dumps({"checkpoint": str(out), **meta}))
     return out

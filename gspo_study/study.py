@@ -37,7 +37,7 @@ from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this
 from gspo_study.errors import SweepInterrupted, Terminated
 from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this module's interface)
 
-DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "paper": [1]}
+DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "gpu": [1, 2, 3], "paper": [1]}
 
 
 def figures(experiments: Path = EXPERIMENTS) -> dict[str, dict]:

@@ -37,6 +37,7 @@ NON_IDENTITY = (
     "results_dir",
     "threads",
     "train.checkpoint_every",
+    "train.device",  # where the model runs, like threads (the run's provenance.device tag says which)
     "rollout.vllm_gpu_memory_utilization",
     "rollout.server.",  # where the vllm_server pool runs and how wide it is (gspo_study.config.ServerConfig)
     "telemetry.",  # what the diagnostics read (gspo_study.config.TelemetryConfig): never a training number
@@ -184,6 +185,18 @@ def run_name(cfg: Config) -> str:
     if cfg.algo.rollout_correction != "none":  # e.g. grpo-r2-bf16-token-truncate-s1
         parts.append(cfg.algo.rollout_correction.replace("_", "-"))
     return "-".join([*parts, f"s{cfg.seed}"])
+
+
+def _device_and_precision(cfg: Config, model=None) -> tuple[str, str]:
+    """Where the run's parameters are and its forwards' precision: read off `model` when given, else what the
+    config resolves to on this machine."""
+    from gspo_study.runtime import DTYPES, device_text, precision_text, run_device
+
+    if model is not None:
+        p = next(model.parameters())
+        return device_text(p.device), precision_text(p.device, p.dtype)
+    device = run_device(cfg)
+    return device_text(device), precision_text(device, DTYPES[cfg.model.dtype])
 
 
 def git_commit() -> str:
@@ -405,10 +418,11 @@ class Tracker:
     logged_upto: int  # highest step already in the store (resume skips up to it)
 
     @classmethod
-    def open(cls, cfg: Config, create: bool = True, origin: str = "") -> Tracker | None:
+    def open(cls, cfg: Config, create: bool = True, origin: str = "", model=None) -> Tracker | None:
         """This config's run (resume), else a new one — or None when `create` is False. `origin` is the
         fingerprint of the checkpoint the run starts from: a tracked run that started from another one (the
-        cold start was retrained since) is not silently resumed or reused (ConfigError)."""
+        cold start was retrained since) is not silently resumed or reused (ConfigError). `model`: the run's
+        model, whose device and precision a new run's provenance tags record."""
         uri = tracking_uri(cfg)
         client, exp_id = _connect(uri, cfg.tracking.experiment)
         me = run_identity(cfg)
@@ -431,14 +445,14 @@ class Tracker:
             return cls(client, run.info.run_id, exp_id, upto)
         if not create:
             return None
-        tags = {**cls._tags(cfg, me), **({"init_fingerprint": origin} if origin else {})}
+        tags = {**cls._tags(cfg, me, model), **({"init_fingerprint": origin} if origin else {})}
         shown = me.name if cfg.tracking.run_name else " ".join(filter(None, [me.name, me.variant]))
         run = _retry(client.create_run, exp_id, run_name=shown, tags=tags)
         cls._log_params(client, run.info.run_id, cfg)
         return cls(client, run.info.run_id, exp_id, -1)
 
     @staticmethod
-    def _tags(cfg: Config, me: RunIdentity) -> dict[str, str]:
+    def _tags(cfg: Config, me: RunIdentity, model=None) -> dict[str, str]:
         return {
             "run_key": me.key,
             "variant": me.variant,
@@ -448,7 +462,7 @@ class Tracker:
             "seed": str(cfg.seed),
             "scale": cfg.scale,
             "old_logprobs": cfg.algo.old_logprobs,
-            **provenance.tags(),  # machine and libraries: another draw gives other numbers
+            **provenance.tags(*_device_and_precision(cfg, model)),  # machine, libraries, device: another draw
             "mlflow.note.content": (
                 f"{me.name}: {cfg.algo.objective}, replay {cfg.algo.routing_replay}, seed {cfg.seed}"
             ),

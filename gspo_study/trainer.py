@@ -52,6 +52,7 @@ from gspo_study.objectives import combine_metrics, get_objective, group_advantag
 from gspo_study.objectives.correction import correction_weights
 from gspo_study.rollout import RolloutBatch, make_engine
 from gspo_study.rollout.base import RolloutEngine, merge_batches
+from gspo_study.runtime import training_device
 from gspo_study.tasks import get_task
 from gspo_study.tracking import NullTracker, Tracker, tracking_uri
 from gspo_study.train.checkpointing import (
@@ -418,11 +419,15 @@ def compute_metrics(ctx: Context, batch: RolloutBatch, seconds: float) -> dict[s
     passes = 2 + (2 if old_pass_trains(ctx.cfg) else 0) + 6
     ctx.state.flops += passes * ctx.flops_per_token * fed
     ctx.state.seconds += seconds
-    return {
+    out = {
         "compute/flops": ctx.state.flops,
         "compute/seconds": ctx.state.seconds,
         "perf/tokens_per_s": batch.response_lengths.sum().item() / max(seconds, 1e-9),
     }
+    device = next(ctx.model.parameters()).device
+    if device.type == "cuda":  # the process's peak so far (the GPU check reads it; no CPU counterpart is logged)
+        out["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
 
 
 def rl_step(ctx: Context, step: int) -> dict[str, float]:
@@ -595,6 +600,7 @@ def train(cfg: Config) -> dict[str, float]:
 
 
 def _train(cfg: Config, asked=lambda: False) -> dict[str, float]:
+    training_device(cfg)  # a CUDA device torch does not see is refused before anything is written
     settle_interrupted_save(cfg)
     require_model_path(cfg)
     start = init_checkpoint(cfg)
@@ -609,7 +615,8 @@ def _train(cfg: Config, asked=lambda: False) -> dict[str, float]:
     ctx = setup(cfg, *((tracker.run_id, tracker.logged_upto) if tracker is not None else (None, None)))
     if ctx.rank == 0 and tracker is not None:  # resuming
         tracker.log_missing_params(cfg)
-    ctx.tracker = tracker = (tracker or Tracker.open(cfg, origin=origin)) if ctx.rank == 0 else NullTracker()
+    opened = (tracker or Tracker.open(cfg, origin=origin, model=ctx.model)) if ctx.rank == 0 else None
+    ctx.tracker = tracker = opened or NullTracker()
     metrics: dict[str, float] = {}
     try:
         if ctx.state.step == 0:

@@ -144,6 +144,9 @@ def test_every_run_records_its_provenance(shipped):
         assert tags["provenance.torch"] == torch.__version__
         assert tags["provenance.transformers"] == transformers.__version__
         assert tags["provenance.threads"] == "1"  # the smoke scale's threads
+        gpu = torch.cuda.is_available()  # train.device: auto
+        assert tags["provenance.device"].startswith("cuda:0" if gpu else "cpu")
+        assert tags["provenance.precision"] == ("bf16 autocast, fp32 weights" if gpu else "fp32")
         assert tags["provenance.cpu"] in cpuinfo
         assert tags["provenance.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
         assert tags["provenance.blas"].startswith(re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())[1])

@@ -87,7 +87,7 @@ def test_cli_error_is_one_line_exit_2(capsys):
     assert err.startswith("error:") and "did you mean 'train.lr'" in err and "\n" not in err
     assert main(["eval", "--scale", "bogus"]) == 2  # `make coldstart SCALE=bogus`
     err = capsys.readouterr().err.strip()
-    assert err == "error: unknown scale 'bogus'; allowed: cpu, paper, smoke"
+    assert err == "error: unknown scale 'bogus'; allowed: cpu, gpu, paper, smoke"
 
 
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])

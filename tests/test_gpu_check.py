@@ -1,6 +1,7 @@
 """The prepared GPU check (benchmarks/gpu_check.py) at its tiny size on CPU: every part it can run here runs
-and writes its numbers (routing volatility per update and per step included), the GPU-only parts skip with
-one line, and the bundle's package list covers what the check imports."""
+and writes its numbers (routing volatility per update and per step included), the suite's own commands run
+through it (sft, train, make reproduce-figure-1), the GPU-only parts skip with one line, and the bundle's package
+list covers what the check imports."""
 
 from __future__ import annotations
 
@@ -42,6 +43,14 @@ def test_tiny_check_on_cpu_writes_every_part(tmp_path):
         assert steps and all(len(s["volatility_per_update"]) == 4 for s in steps)  # 4 minibatches per step
         moved.append(res["rl"][run]["mean_volatility_per_update"])
     assert max(moved) > 0  # the updates moved the routers
+    suite = res["suite"]  # the suite's own sft / train / reproduce-figure-1 commands, on the check's device
+    assert suite["status"] == "ok", suite.get("error")
+    for run in gpu_check.SUITE_RUNS:
+        got = suite[run]
+        assert got["provenance_device"] == "cpu" and got["provenance_precision"] == "fp32" and got["metrics_finite"]
+        assert got["steps_with_signal"] > 0 and got["tensors_changed"] > 0 and got["eval_pass@1_end"] is not None
+        assert got["seconds_per_step"] > 0 and got["peak_gpu_memory_gb"] is None  # no CUDA: not logged
+    assert suite["sft"]["steps"] == 100 and suite["figure_files"] and suite["reproduce_figure_1_s"] > 0
     assert res["vllm"]["status"] == "skipped" and res["deepspeed"]["status"] == "skipped"
     if server:  # a real server: bf16 rollouts near the fp32 trainer's forward, a push that lands, same seed
         srv = res["vllm_server"]
@@ -49,7 +58,7 @@ def test_tiny_check_on_cpu_writes_every_part(tmp_path):
         assert 0 <= srv["mismatch_vs_train_forward"]["k3"] < 0.05 and 0 <= srv["mismatch_after_push"]["k3"] < 0.05
         assert srv["push"]["reload_s"] < 10 and srv["same_seed_same_tokens"]
     text = (tmp_path / "summary.txt").read_text()
-    assert "% per update" in text and "vllm: skipped" in text
+    assert "% per update" in text and "vllm: skipped" in text and "suite: sft" in text
 
 
 def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):

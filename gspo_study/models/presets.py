@@ -2,7 +2,9 @@
 
 Qwen3-30B-A3B has 48 layers, 128 experts, 8 active. `qwen3-moe-tiny` keeps the shape that makes routing
 matter — depth, a wide expert pool, several active experts — at a size that trains in minutes on two CPU
-cores. `qwen3-moe-smoke` is for tests: a forward+backward takes milliseconds.
+cores. `qwen3-moe-mini` has Qwen3-30B-A3B's routing shape itself (48 layers, 128 experts, top-8) at a small
+width: the GPU scale's model and the GPU check's. `qwen3-moe-smoke` is for tests: a forward+backward takes
+milliseconds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=16,
+        max_position_embeddings=256,
+    ),
+    "qwen3-moe-mini": dict(
+        num_hidden_layers=48,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=128,
+        num_experts_per_tok=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
         max_position_embeddings=256,
     ),
 }

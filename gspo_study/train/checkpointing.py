@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, coldstart_name
 from gspo_study.models import finish_interrupted_save, load_pretrained, save_pretrained
 from gspo_study.models.checkpoint import CheckpointError
-from gspo_study.runtime import DTYPES
+from gspo_study.runtime import DTYPES, place
 from gspo_study.tracking import run_identity, run_key, tracking_uri
 from gspo_study.train.dist import init_distributed
 from gspo_study.train.lag import SNAPSHOTS
@@ -197,7 +197,7 @@ def _load_model(cfg: Config, path: Path):
         path, dtype=DTYPES[cfg.model.dtype], experts_implementation=cfg.model.experts_implementation
     )
     check_shape(cfg, model, path)
-    return model, tokenizer
+    return place(cfg, model), tokenizer  # on train.device (torch backend), before the optimizer state is loaded
 
 
 def check_shape(cfg: Config, model, path: Path) -> None:
@@ -246,7 +246,11 @@ def _resume(cfg: Config, path: Path):
     if state.step > cfg.train.steps:
         raise ValueError(f"its step {state.step} is beyond train.steps={cfg.train.steps}")
     optim_file = path / "optimizer.pt"
-    optim = torch.load(optim_file, weights_only=True) if optim_file.exists() or cfg.train.backend == "torch" else None
+    optim = (
+        torch.load(optim_file, map_location="cpu", weights_only=True)
+        if optim_file.exists() or cfg.train.backend == "torch"
+        else None
+    )
     return model, tokenizer, state, optim
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from gspo_study.rollout.base import position_ids_from_mask
+from gspo_study.runtime import autocast
 
 
 def token_logprobs(
@@ -18,12 +19,15 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(sequences[:, t+1] | ≤ t) for every t: `[B, L-1]` float32, and the entropy `[B, L-1]` if asked."""
+    """log π(sequences[:, t+1] | ≤ t) for every t: `[B, L-1]` float32, and the entropy `[B, L-1]` if asked. The
+    forward runs on the model's device, under `runtime.autocast` (bf16 for an fp32 model on CUDA); the log-softmax
+    in fp32; the results come back to the batch's device."""
     home, device = sequences.device, next(model.parameters()).device  # batch on CPU, model maybe on a GPU
     inputs, mask = sequences[:, :-1].to(device), attention_mask[:, :-1].to(device)
     pos = position_ids_from_mask(mask)
     # no KV cache: nothing decodes after this forward
-    out = model(input_ids=inputs, attention_mask=mask, position_ids=pos, use_cache=False)
+    with autocast(model):
+        out = model(input_ids=inputs, attention_mask=mask, position_ids=pos, use_cache=False)
     logp_all = torch.log_softmax(out.logits.float() / temperature, dim=-1)
     logprobs = logp_all.gather(-1, sequences[:, 1:, None].to(device)).squeeze(-1)
     entropy = None

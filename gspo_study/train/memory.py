@@ -115,8 +115,15 @@ def estimate_sft(cfg, shapes: Shapes, prompt_tokens: int) -> dict[str, float]:
     return out
 
 
-def available_bytes() -> float:
-    """Memory this process can still take: MemAvailable (Linux), else inf (no check)."""
+def available_bytes(device=None) -> float:
+    """Memory this process can still take on `device`: on a CUDA device its free memory plus what this process
+    holds there already (the model placed on it, which the estimate's state counts); else MemAvailable (Linux),
+    else inf (no check)."""
+    if device is not None and device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return float(free + torch.cuda.memory_allocated(device))
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -133,7 +140,8 @@ def check_step_fits(
     available; else the estimate."""
     shapes = Shapes.of(model)
     est = estimate_sft(cfg, shapes, prompt_tokens) if sft else estimate(cfg, shapes, prompt_tokens)
-    have = available_bytes() if available is None else available
+    device = next(model.parameters()).device
+    have = available_bytes(device) if available is None else available
     if cfg.train.backend == "torch" and est["peak"] > have:
         phase = max((k for k in est if k not in ("state", "peak")), key=est.get)
         r = cfg.rollout
@@ -144,8 +152,9 @@ def check_step_fits(
         )
         raise ConfigError(
             f"a{'n SFT' if sft else 'n RL'} step needs ≈ {est['peak'] / GIB:,.1f} GiB (its {phase} phase ≈ "
-            f"{est[phase] / GIB:,.1f} GiB, at {batch}, {prompt_tokens + r.max_new_tokens} positions), but this "
-            f"machine has {have / GIB:,.1f} GiB available; allowed: a smaller batch, train.micro_batch_size, "
+            f"{est[phase] / GIB:,.1f} GiB, at {batch}, {prompt_tokens + r.max_new_tokens} positions), but "
+            f"{'this machine' if device.type == 'cpu' else device} has {have / GIB:,.1f} GiB available; allowed: "
+            "a smaller batch, train.micro_batch_size, "
             "eval.batch_size or rollout.max_new_tokens"
         )
     return est
