@@ -248,7 +248,7 @@ def test_two_runs_one_store_lose_no_metrics(smoke_results, tmp_path):
     [
         (["eval", "--checkpoint", "INIT", "--samples", "0"], "for 'eval.samples'; allowed: an integer >= 1"),
         (["eval", "--checkpoint", "INIT", "--num-prompts", "-1"], "for 'eval.num_prompts'"),
-        (["sweep", "--figure", "1", "--scale", "tiny"], "unknown scale 'tiny'; allowed: smoke, cpu, paper"),
+        (["sweep", "--figure", "1", "--scale", "tiny"], "unknown scale 'tiny'; allowed: smoke, cpu, gpu, paper"),
     ],
 )
 def test_bad_cli_arguments_one_line(smoke_results, capsys, argv, fragment):
