@@ -65,6 +65,7 @@ from gspo_study.rollout.base import teacher_forced_batch  # noqa: E402
 from gspo_study.runtime import autocast  # noqa: E402
 from gspo_study.sft import lr_lambda, sft_loss  # noqa: E402
 from gspo_study.tasks import get_task  # noqa: E402
+from gspo_study.tracking import mlflow_key, run_key  # noqa: E402
 from gspo_study.train import checkpointing  # noqa: E402
 from gspo_study.train.forward import token_logprobs  # noqa: E402
 from gspo_study.train.torch_backend import TorchBackend  # noqa: E402
@@ -573,7 +574,7 @@ def part_suite(state: dict) -> dict:
         _, seconds = _suite(["train", *files, *over], check.left())
         cfg = load([ROOT / f for f in files], over)
         (found,) = client.search_runs(
-            [client.get_experiment_by_name(cfg.tracking.experiment).experiment_id], f"tags.run_key = '{_key(cfg)}'"
+            [client.get_experiment_by_name(cfg.tracking.experiment).experiment_id], f"tags.run_key = '{run_key(cfg)}'"
         )
         metrics, tags = found.data.metrics, found.data.tags
         signal = [
@@ -610,18 +611,6 @@ def part_suite(state: dict) -> dict:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(60.0, check.left()))
         out["device_tests"] = {"returncode": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
     return out
-
-
-def _key(cfg) -> str:
-    from gspo_study.tracking import run_key
-
-    return run_key(cfg)
-
-
-def mlflow_key(name: str) -> str:
-    from gspo_study.tracking import mlflow_key as key
-
-    return key(name)
 
 
 # ---------------------------------------------------------------------------------------------- summary

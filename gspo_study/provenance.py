@@ -67,7 +67,7 @@ def _static() -> dict[str, str]:
     }
 
 
-def tags(device: str = "cpu", precision: str = "fp32") -> dict[str, str]:
+def tags(device: str, precision: str) -> dict[str, str]:
     """This process's provenance as MLflow tags (`provenance.cpu`, …); `threads` is torch's current intra-op
     thread count, so call it after the run's threads are set; `device` and `precision`: where the run's model
     trains and its forwards' precision (gspo_study.runtime.device_text, precision_text)."""

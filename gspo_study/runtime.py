@@ -10,7 +10,6 @@ and every CPU forward run as they are, so the CPU path is bit-identical to a run
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 
 import torch
@@ -67,15 +66,6 @@ def device_text(device: torch.device) -> str:
     if device.type != "cuda":
         return device.type
     return f"cuda:{device.index or 0} ({torch.cuda.get_device_name(device)})"
-
-
-def run_device(cfg) -> torch.device:
-    """The device a run's model is on: `train.device` (torch backend), or the one DeepSpeed's accelerator uses."""
-    device = training_device(cfg)
-    if device is not None:
-        return device
-    accelerator = os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(accelerator)
 
 
 def autocast(model):

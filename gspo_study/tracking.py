@@ -187,16 +187,14 @@ def run_name(cfg: Config) -> str:
     return "-".join([*parts, f"s{cfg.seed}"])
 
 
-def _device_and_precision(cfg: Config, model=None) -> tuple[str, str]:
-    """Where the run's parameters are and its forwards' precision: read off `model` when given, else what the
-    config resolves to on this machine."""
-    from gspo_study.runtime import DTYPES, device_text, precision_text, run_device
+def _device_and_precision(model) -> tuple[str, str]:
+    """Where the run's parameters are and its forwards' precision, read off its model."""
+    from gspo_study.runtime import device_text, precision_text
 
-    if model is not None:
-        p = next(model.parameters())
-        return device_text(p.device), precision_text(p.device, p.dtype)
-    device = run_device(cfg)
-    return device_text(device), precision_text(device, DTYPES[cfg.model.dtype])
+    if model is None:  # a run created without its model (no caller does): say so rather than guess
+        return "unrecorded", "unrecorded"
+    p = next(model.parameters())
+    return device_text(p.device), precision_text(p.device, p.dtype)
 
 
 def git_commit() -> str:
@@ -462,7 +460,7 @@ class Tracker:
             "seed": str(cfg.seed),
             "scale": cfg.scale,
             "old_logprobs": cfg.algo.old_logprobs,
-            **provenance.tags(*_device_and_precision(cfg, model)),  # machine, libraries, device: another draw
+            **provenance.tags(*_device_and_precision(model)),  # machine, libraries, device: another draw
             "mlflow.note.content": (
                 f"{me.name}: {cfg.algo.objective}, replay {cfg.algo.routing_replay}, seed {cfg.seed}"
             ),
