@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from gspo_study.config import Config, ConfigError
-from gspo_study.tracking import metric_name, run_key, tracking_uri
+from gspo_study.tracking import find_run, metric_name, run_key, tracking_uri
 
 REWARD, PASS1, FLOPS = "rollout/reward/mean", "eval/pass@1", "compute/flops"
 X_NAMES = {"compute": FLOPS, "steps": "step"}
@@ -117,12 +117,12 @@ def _find(client, cfg: Config):
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     if exp is None:
         return None, f"no experiment {cfg.tracking.experiment!r}"
-    found = client.search_runs([exp.experiment_id], f"tags.run_key = '{run_key(cfg)}'", max_results=1)
-    if not found:
+    found = find_run(client, exp.experiment_id, run_key(cfg))
+    if found is None:
         return None, "not trained"
-    if found[0].info.status != "FINISHED":
-        return None, f"status {found[0].info.status}"
-    return found[0], ""
+    if found.info.status != "FINISHED":
+        return None, f"status {found.info.status}"
+    return found, ""
 
 
 def _history(client, run, name: str, seed: int, rid: str) -> pd.DataFrame:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,7 +32,7 @@ from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, lag_table, sweep
 from gspo_study.archive import draw_notice  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
 from gspo_study.study import figure_configs, parse_seeds, run_config  # noqa: E402
-from gspo_study.tracking import run_key  # noqa: E402
+from gspo_study.tracking import git_commit, run_key, sqlite_path  # noqa: E402
 
 MARGIN = 0.05  # δ: the smallest gap in pass@1 or reward a difference row tests for; the no-harm rows' margin
 WITHIN = 3.0  # a magnitude claim ("~value") reproduces when our interval lies within [value/3, value·3]
@@ -605,53 +604,120 @@ def collapse_verdict(k: int, n: int, k_r2: int) -> Verdict:
 
 
 CLAIMS = [
-    Claim("RL improves on the cold start (precondition for the claims below)", "steady gains with "
-          "training compute (Fig. 1)", ("gspo",), _improves),
-    Claim("GSPO trains more efficiently than GRPO + R2 (Fig. 1)", "higher reward and benchmark scores "
-          "at equal training compute", ("gspo", "grpo_r2"), _efficiency),
-    Claim("GSPO clips about 100× more tokens than GRPO (Fig. 2)",
-          f"{PAPER_CLIP_FRAC['gspo']} vs {PAPER_CLIP_FRAC['grpo_r2']}", ("gspo", "grpo_r2"), _clipping),
-    Claim("GRPO without Routing Replay fails to converge normally on MoE (Fig. 3)", "lower reward and "
-          "scores than GRPO + R2", ("grpo", "grpo_r2"), _replay),
-    Claim("Expert volatility: ~10% of activated experts change per update (§5.3; per update, on figure 11's runs)",
-          f"~{PAPER_VOLATILITY} (48-layer Qwen3-30B-A3B, one update)", (), _volatility, figure=11),
-    Claim("GSPO tolerates precision mismatch: rollout log-probs need no recompute (§5.4)", "no loss "
-          "(no number reported)", (), _precision, figure=6),
-    Claim("Where routing moves, GRPO without replay falls behind GSPO and GRPO + R2 (Fig. 8, ours)",
-          "§5.3: GRPO without replay fails on MoE; replay or GSPO fixes it", (), _sweep, figure=8),
-    Claim("At the policy lag where routing's share of the ratio's variance is largest (Fig. 9, ours), GRPO "
-          "without replay falls behind GRPO + R2 (claim 4 at the regime)",
-          "§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows",
-          (), _lag, figure=9),
-    Claim("GSPO trains more efficiently than GRPO + R2 at that regime (claim 2 at the regime, Fig. 9)",
-          "higher reward and scores (Fig. 1, at lag 0)", (), _lag_efficiency, figure=9),
-    Claim("How much of the importance ratio is routing (the instrument, Fig. 9, ours)", "R2 removes the routing "
-          "term (§5.3); no number reported", (), _instrument, figure=9),
-    Claim("§5.4 beside the train–inference corrections (Fig. 10, ours): rollout log-probs are no worse than "
-          "recomputed π_old, with token TIS, sequence MIS or IcePop", "no loss (§5.4); TRL, verl, slime correct by "
-          "default", (), _correction_precision, figure=10),
-    Claim("R3 ahead of R2 under a bf16 rollout engine, with and without a correction on R2 (Fig. 10, ours)",
-          "R3 paper (arXiv 2510.11370): R3 fixes the mismatch R2 leaves", (), _correction_replay, figure=10),
-    Claim("GRPO without replay collapses over ≥ 300 steps under a bf16 rollout engine, GRPO + R2 does not (Fig. 11, "
-          "ours; collapse rule: analysis/collapse.py)", "R3 paper: 3 of 3 GRPO baselines collapsed (k3 ≈ 1.5e-3); "
-          "IcePop, Miles, VeXact: after ≈ 150–320 steps", (), _collapse, figure=11),
-    Claim("GRPO without Routing Replay falls behind GRPO + R2 at the long horizon (claim 4, Fig. 11)",
-          "lower reward and scores than GRPO + R2 (Fig. 3)", (), _long_replay, figure=11),
-    Claim("GSPO trains more efficiently than GRPO + R2 at the long horizon (claim 2, Fig. 11)",
-          "higher reward and scores (Fig. 1)", (), _long_efficiency, figure=11),
-]  # fmt: skip
+    Claim(
+        text="RL improves on the cold start (precondition for the claims below)",
+        paper="steady gains with training compute (Fig. 1)",
+        runs=("gspo",),
+        measure=_improves,
+    ),
+    Claim(
+        text="GSPO trains more efficiently than GRPO + R2 (Fig. 1)",
+        paper="higher reward and benchmark scores at equal training compute",
+        runs=("gspo", "grpo_r2"),
+        measure=_efficiency,
+    ),
+    Claim(
+        text="GSPO clips about 100× more tokens than GRPO (Fig. 2)",
+        paper=f"{PAPER_CLIP_FRAC['gspo']} vs {PAPER_CLIP_FRAC['grpo_r2']}",
+        runs=("gspo", "grpo_r2"),
+        measure=_clipping,
+    ),
+    Claim(
+        text="GRPO without Routing Replay fails to converge normally on MoE (Fig. 3)",
+        paper="lower reward and scores than GRPO + R2",
+        runs=("grpo", "grpo_r2"),
+        measure=_replay,
+    ),
+    Claim(
+        text="Expert volatility: ~10% of activated experts change per update (§5.3; per update, on figure 11's runs)",
+        paper=f"~{PAPER_VOLATILITY} (48-layer Qwen3-30B-A3B, one update)",
+        runs=(),
+        measure=_volatility,
+        figure=11,
+    ),
+    Claim(
+        text="GSPO tolerates precision mismatch: rollout log-probs need no recompute (§5.4)",
+        paper="no loss (no number reported)",
+        runs=(),
+        measure=_precision,
+        figure=6,
+    ),
+    Claim(
+        text="Where routing moves, GRPO without replay falls behind GSPO and GRPO + R2 (Fig. 8, ours)",
+        paper="§5.3: GRPO without replay fails on MoE; replay or GSPO fixes it",
+        runs=(),
+        measure=_sweep,
+        figure=8,
+    ),
+    Claim(
+        text=(
+            "At the policy lag where routing's share of the ratio's variance is largest (Fig. 9, ours), "
+            "GRPO without replay falls behind GRPO + R2 (claim 4 at the regime)"
+        ),
+        paper="§5.3; Qwen arXiv 2512.01374: replay needed as staleness grows",
+        runs=(),
+        measure=_lag,
+        figure=9,
+    ),
+    Claim(
+        text="GSPO trains more efficiently than GRPO + R2 at that regime (claim 2 at the regime, Fig. 9)",
+        paper="higher reward and scores (Fig. 1, at lag 0)",
+        runs=(),
+        measure=_lag_efficiency,
+        figure=9,
+    ),
+    Claim(
+        text="How much of the importance ratio is routing (the instrument, Fig. 9, ours)",
+        paper="R2 removes the routing term (§5.3); no number reported",
+        runs=(),
+        measure=_instrument,
+        figure=9,
+    ),
+    Claim(
+        text=(
+            "§5.4 beside the train–inference corrections (Fig. 10, ours): "
+            "rollout log-probs are no worse than recomputed π_old, with token TIS, sequence MIS or IcePop"
+        ),
+        paper="no loss (§5.4); TRL, verl, slime correct by default",
+        runs=(),
+        measure=_correction_precision,
+        figure=10,
+    ),
+    Claim(
+        text="R3 ahead of R2 under a bf16 rollout engine, with and without a correction on R2 (Fig. 10, ours)",
+        paper="R3 paper (arXiv 2510.11370): R3 fixes the mismatch R2 leaves",
+        runs=(),
+        measure=_correction_replay,
+        figure=10,
+    ),
+    Claim(
+        text=(
+            "GRPO without replay collapses over ≥ 300 steps under a bf16 rollout engine, GRPO + R2 does not "
+            "(Fig. 11, ours; collapse rule: analysis/collapse.py)"
+        ),
+        paper="R3 paper: 3 of 3 GRPO baselines collapsed (k3 ≈ 1.5e-3); IcePop, Miles, VeXact: after ≈ 150–320 steps",
+        runs=(),
+        measure=_collapse,
+        figure=11,
+    ),
+    Claim(
+        text="GRPO without Routing Replay falls behind GRPO + R2 at the long horizon (claim 4, Fig. 11)",
+        paper="lower reward and scores than GRPO + R2 (Fig. 3)",
+        runs=(),
+        measure=_long_replay,
+        figure=11,
+    ),
+    Claim(
+        text="GSPO trains more efficiently than GRPO + R2 at the long horizon (claim 2, Fig. 11)",
+        paper="higher reward and scores (Fig. 1)",
+        runs=(),
+        measure=_long_efficiency,
+        figure=11,
+    ),
+]
 
 
 # ------------------------------------------------------------------------------------------------ report
-def _commit() -> str:
-    try:
-        cmd = ["git", "rev-parse", "--short", "HEAD"]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def results(study: Study, sweeps: dict[int, Study], claims=None) -> list[Result]:
     """Each claim's Result (`claims`: all); "not run" where a run or seed is missing."""
     absent = {run for run, _, _ in study.missing}
@@ -711,9 +777,9 @@ def as_records(claims, found: list[Result]) -> list[dict]:
 def _shown_uri(uri: str) -> str:
     """A sqlite store under the repository (or the working directory) named relative to it, not by this machine's
     absolute path; any other URI as it is."""
-    if not uri.startswith("sqlite:///"):
+    path = sqlite_path(uri)
+    if path is None:
         return uri
-    path = Path(uri.removeprefix("sqlite:///"))
     for root in (Path(__file__).resolve().parents[1], Path.cwd().resolve()):
         try:
             return f"sqlite:///{path.resolve().relative_to(root)}"
@@ -747,7 +813,7 @@ def render(
         title,
         "",
         f"- seeds: {_seeds_line(seeds, per_figure or {})}",
-        f"- git commit(s) of the runs: {', '.join(commits)}; report drawn at {_commit()}",
+        f"- git commit(s) of the runs: {', '.join(commits)}; report drawn at {git_commit(short=True)}",
         f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- runs: MLflow experiment `{study.experiment}` at `{_shown_uri(study.uri)}`",
         "",

@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from common import load_average, median, paired_overhead_pct, peak_rss_mb, print_table, timed
@@ -460,7 +461,7 @@ def part_replay(args) -> dict:
     rows, batch = trainer.rollout(ctx, 1)
     rewards, _ = score(ctx.task, rows, batch)
     adv = group_advantages(rewards, GROUP, ctx.cfg.algo.advantage_eps)
-    old_lp, _, _, replay = trainer.old_policy(ctx, batch)
+    old = trainer.old_policy(ctx, batch)
     temp = ctx.cfg.rollout.temperature
 
     @torch.no_grad()
@@ -469,8 +470,11 @@ def part_replay(args) -> dict:
 
     cases = {
         # the model moves a little with every update; the trace stays pi_old's (timing is unaffected)
-        "update_none": lambda: trainer.update(ctx, batch, adv, old_lp, None, 1),
-        "update_r2": lambda: trainer.update(ctx, batch, adv, old_lp, replay, 1),
+        # natural=None: neither update records routing for the per-update volatility
+        "update_none": lambda: trainer.update(
+            ctx, trainer.StepInputs(batch, adv, replace(old, natural=None, replay=None)), 1
+        ),
+        "update_r2": lambda: trainer.update(ctx, trainer.StepInputs(batch, adv, replace(old, natural=None)), 1),
         "pi_old_plain": plain_forward,
         "pi_old_record": lambda: trainer.policy_pass(ctx, batch, None),
     }

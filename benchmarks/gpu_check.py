@@ -65,7 +65,7 @@ from gspo_study.rollout.base import teacher_forced_batch  # noqa: E402
 from gspo_study.runtime import autocast  # noqa: E402
 from gspo_study.sft import lr_lambda, sft_loss  # noqa: E402
 from gspo_study.tasks import get_task  # noqa: E402
-from gspo_study.tracking import mlflow_key, run_key  # noqa: E402
+from gspo_study.tracking import find_run, mlflow_key, run_key  # noqa: E402
 from gspo_study.train import checkpointing  # noqa: E402
 from gspo_study.train.forward import token_logprobs  # noqa: E402
 from gspo_study.train.torch_backend import TorchBackend  # noqa: E402
@@ -321,7 +321,15 @@ def _context(run: str, state: dict):
 def rl_step(ctx, step: int, device: torch.device) -> dict:
     """One RL step as the trainer takes it (recompute π_old; R2 replays its routing), with the routers'
     natural routing on the step's rollout read after every update."""
-    from gspo_study.trainer import derive_seed, learning_rate, policy_pass, rollout, update_minibatch
+    from gspo_study.trainer import (
+        OldPolicy,
+        StepInputs,
+        derive_seed,
+        learning_rate,
+        policy_pass,
+        rollout,
+        update_minibatch,
+    )
 
     cfg = ctx.cfg
     t0 = time.time()
@@ -330,10 +338,11 @@ def rl_step(ctx, step: int, device: torch.device) -> dict:
     adv = group_advantages(rewards, cfg.rollout.group_size, cfg.algo.advantage_eps)
     old_lp, natural_old = policy_pass(ctx, batch, None)  # the trainer's forwards: bf16 autocast on CUDA
     replay = natural_old if cfg.algo.routing_replay == "r2" else None
+    inputs = StepInputs(batch, adv, OldPolicy(old_lp, old_lp, natural_old, replay))
     perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch")))
     mask, prev, per_update, clip = batch.response_mask, natural_old, [], []
     for rows_mb in perm.chunk(cfg.train.num_minibatches):
-        metrics = update_minibatch(ctx, batch, rows_mb, adv, old_lp, replay, learning_rate(cfg, step)).metrics
+        metrics = update_minibatch(ctx, inputs, rows_mb, learning_rate(cfg, step)).metrics
         _, natural = policy_pass(ctx, batch, None)
         vol = routing_volatility(prev, natural, mask)
         per_update.append({k: vol[k] for k in ("overall", "tokens_any_changed")} | _depth(vol))
@@ -573,9 +582,7 @@ def part_suite(state: dict) -> dict:
         over = [*common, *train, f"init_checkpoint={ckpt}"]
         _, seconds = _suite(["train", *files, *over], check.left())
         cfg = load([ROOT / f for f in files], over)
-        (found,) = client.search_runs(
-            [client.get_experiment_by_name(cfg.tracking.experiment).experiment_id], f"tags.run_key = '{run_key(cfg)}'"
-        )
+        found = find_run(client, client.get_experiment_by_name(cfg.tracking.experiment).experiment_id, run_key(cfg))
         metrics, tags = found.data.metrics, found.data.tags
         signal = [
             m.value for m in client.get_metric_history(found.info.run_id, mlflow_key("rollout/zero_std_group_frac"))

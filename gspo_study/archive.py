@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gspo_study.config import Config, ConfigError, load_config
-from gspo_study.tracking import _connect, _retry, _tracked, all_finished, run_key, tracking_uri, variant  # noqa: F401
+from gspo_study.tracking import _connect, _retry, _tracked, all_finished, find_run, run_key, tracking_uri, variant  # noqa: F401
 
 ARCHIVE = "study-runs.parquet"
 SOURCE = "archive.source_run_id"  # the id of the run as shipped (an imported run's copy gets a new id)
@@ -200,12 +200,12 @@ def import_study(scale: str, overrides: tuple[str, ...] = (), path: Path | None 
         key = row["tags"].get("run_key")
         if key is None:
             raise ConfigError(f"study archive run {row['run_id']} has no run_key tag; allowed: training runs")
-        found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
-        if found and found[0].data.tags.get(SOURCE) == row["run_id"] and found[0].info.status == "RUNNING":
-            client.delete_run(found[0].info.run_id)  # an import killed half-way: write it again
-            found = []
-        if found:
-            same = found[0].data.tags.get(SOURCE, found[0].info.run_id) == row["run_id"]
+        found = find_run(client, exp_id, key)
+        if found is not None and found.data.tags.get(SOURCE) == row["run_id"] and found.info.status == "RUNNING":
+            client.delete_run(found.info.run_id)  # an import killed half-way: write it again
+            found = None
+        if found is not None:
+            same = found.data.tags.get(SOURCE, found.info.run_id) == row["run_id"]
             done.present += same
             done.kept += not same
             continue

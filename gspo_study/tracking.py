@@ -197,10 +197,11 @@ def _device_and_precision(model) -> tuple[str, str]:
     return device_text(p.device), precision_text(p.device, p.dtype)
 
 
-def git_commit() -> str:
+def git_commit(short: bool = False) -> str:
+    """The suite's checkout's commit (abbreviated with `short`), or "unknown" outside a git checkout."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
+            ["git", "rev-parse", *(["--short"] if short else []), "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,
@@ -226,11 +227,21 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a `sqlite:///<path>` store (as written, not resolved), or None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def find_run(client, experiment_id: str, key: str):
+    """The run tagged `run_key = key` in the experiment, or None."""
+    found = client.search_runs([experiment_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
+    return found[0] if found else None
+
+
 def artifact_location(uri: str) -> str | None:
     """Artifacts of a sqlite store live beside it (`<dir>/mlartifacts`), never in the working directory."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-    return None
+    db = sqlite_path(uri)
+    return None if db is None else (db.resolve().parent / "mlartifacts").as_uri()
 
 
 # what MLflow offers to mark an experiment as model training, not GenAI (its UI also needs
@@ -268,10 +279,10 @@ def _connect_once(uri: str, experiment: str):
     # the store lets one process create the schema while the others wait. The migration itself is not atomic
     # either (a kill mid-way leaves `_alembic_tmp_*` tables), so a new store is built under another name and
     # renamed into place complete (`_create_sqlite_store`).
-    sqlite = uri.startswith("sqlite:///")
-    with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300) if sqlite else nullcontext():
-        if sqlite:
-            _create_sqlite_store(Path(uri.removeprefix("sqlite:///")), uri)
+    db = sqlite_path(uri)
+    with FileLock(f"{db}.lock", timeout=300) if db is not None else nullcontext():
+        if db is not None:
+            _create_sqlite_store(db, uri)
         client = _client(uri)
         return client, _experiment_id(client, experiment, uri)
 
@@ -331,9 +342,9 @@ def _check_store(uri: str) -> None:
     is a directory, in a missing or read-only directory, on a full disk, or a file that cannot be written."""
     if not uri.startswith("sqlite:"):
         return
-    db = Path(uri.removeprefix("sqlite:///"))
+    db = sqlite_path(uri)
     where = f"MLflow store {uri!r}"
-    if not uri.startswith("sqlite:///") or db.is_dir() or str(db) in ("", ":memory:"):
+    if db is None or db.is_dir() or str(db) in ("", ":memory:"):
         raise ConfigError(f"{where} is not a sqlite file; allowed: sqlite:///<path to a .db file>")
     above = db.parent
     while not above.exists() and above != above.parent:
@@ -391,8 +402,7 @@ def _store(cfg: Config, cache: dict) -> tuple[Any, str]:
 
 def _tracked(cfg: Config, cache: dict):
     client, exp_id = _store(cfg, cache)
-    found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{run_key(cfg)}'", max_results=1)
-    return client, (found[0] if found else None)
+    return client, find_run(client, exp_id, run_key(cfg))
 
 
 def all_finished(configs: list[Config]) -> bool:
@@ -424,25 +434,31 @@ class Tracker:
         uri = tracking_uri(cfg)
         client, exp_id = _connect(uri, cfg.tracking.experiment)
         me = run_identity(cfg)
-        key = me.key
-        found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
-        if found:
-            run = found[0]
-            was = run.data.tags.get("init_fingerprint")
-            if origin and was and was != origin:
-                raise ConfigError(
-                    f"MLflow run {run.info.run_name} ({run.info.run_id}) started from a different checkpoint "
-                    f"(fingerprint {was}, now {origin}): the cold start changed since; delete that run "
-                    f"(`MLFLOW_TRACKING_URI={uri} mlflow runs delete --run-id {run.info.run_id}`) or restore the "
-                    "checkpoint"
-                )
-            histories = [client.get_metric_history(run.info.run_id, mlflow_key(k)) for k in STEP_SENTINELS]
-            upto = max((m.step for history in histories for m in history), default=-1)
-            if run.info.status not in ("RUNNING", "FINISHED"):
-                client.update_run(run.info.run_id, status="RUNNING")
-            return cls(client, run.info.run_id, exp_id, upto)
-        if not create:
-            return None
+        run = find_run(client, exp_id, me.key)
+        if run is not None:
+            return cls._resume(client, exp_id, run, origin, uri)
+        return cls._create(client, exp_id, cfg, me, origin, model) if create else None
+
+    @classmethod
+    def _resume(cls, client, exp_id: str, run, origin: str, uri: str) -> Tracker:
+        """The tracked run, marked RUNNING again, with the highest step it has logged."""
+        was = run.data.tags.get("init_fingerprint")
+        if origin and was and was != origin:
+            raise ConfigError(
+                f"MLflow run {run.info.run_name} ({run.info.run_id}) started from a different checkpoint "
+                f"(fingerprint {was}, now {origin}): the cold start changed since; delete that run "
+                f"(`MLFLOW_TRACKING_URI={uri} mlflow runs delete --run-id {run.info.run_id}`) or restore the "
+                "checkpoint"
+            )
+        histories = [client.get_metric_history(run.info.run_id, mlflow_key(k)) for k in STEP_SENTINELS]
+        upto = max((m.step for history in histories for m in history), default=-1)
+        if run.info.status not in ("RUNNING", "FINISHED"):
+            client.update_run(run.info.run_id, status="RUNNING")
+        return cls(client, run.info.run_id, exp_id, upto)
+
+    @classmethod
+    def _create(cls, client, exp_id: str, cfg: Config, me: RunIdentity, origin: str, model) -> Tracker:
+        """A new run: its tags (identity, provenance, the checkpoint it starts from) and its params."""
         tags = {**cls._tags(cfg, me, model), **({"init_fingerprint": origin} if origin else {})}
         shown = me.name if cfg.tracking.run_name else " ".join(filter(None, [me.name, me.variant]))
         run = _retry(client.create_run, exp_id, run_name=shown, tags=tags)

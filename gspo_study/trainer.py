@@ -190,16 +190,33 @@ def old_pass_trains(cfg: Config) -> bool:
     return cfg.algo.old_logprobs == "recompute" or replay_mode(cfg).old_pass_trains
 
 
-def old_policy(
-    ctx: Context, batch: RolloutBatch
-) -> tuple[torch.Tensor, torch.Tensor, RoutingTrace | None, RoutingTrace | None]:
-    """(old_logprobs used by the objective, training-engine π_old log-probs, π_old's natural routing,
-    the routing to replay during updates or None)."""
+@dataclass
+class OldPolicy:
+    """π_old of one step (from `old_policy`)."""
+
+    logprobs: torch.Tensor  # what the objective takes as π_old: the rollout's μ (`algo.old_logprobs: rollout`)
+    # or train_logprobs
+    train_logprobs: torch.Tensor  # the training engine's π_old log-probs (mismatch, rollout correction)
+    natural: RoutingTrace | None  # π_old's natural routing in that pass (under R3: what its routers would choose)
+    replay: RoutingTrace | None  # the routing the updates replay (R2: `natural`, R3: the rollout's), or None
+
+
+def old_policy(ctx: Context, batch: RolloutBatch) -> OldPolicy:
     source = replay_mode(ctx.cfg).replays
     train_lp, natural = policy_pass(ctx, batch, batch.routing if source == "rollout" else None, ctx.behaviour)
     replay = {None: None, "old": natural, "rollout": batch.routing}[source]
     old_lp = batch.rollout_logprobs if ctx.cfg.algo.old_logprobs == "rollout" else train_lp
-    return old_lp, train_lp, natural, replay
+    return OldPolicy(old_lp, train_lp, natural, replay)
+
+
+@dataclass
+class StepInputs:
+    """What every update of a step reads."""
+
+    batch: RolloutBatch
+    advantages: torch.Tensor
+    old: OldPolicy
+    weights: torch.Tensor | None = None  # the rollout correction's per-token multipliers, or None
 
 
 def rollout_correction(
@@ -245,17 +262,18 @@ def _routing_context(model, replay: RoutingTrace | None, micro, record: bool):
 
 
 def update_minibatch(
-    ctx: Context, batch, rows, adv, old_lp, replay, lr, weights=None, record: bool = False
+    ctx: Context, inputs: StepInputs, rows: torch.Tensor, lr: float, record: bool = False
 ) -> MinibatchResult:
-    """One optimizer update on minibatch `rows` (`weights`: the rollout correction's per-token multipliers, or
-    None; `record`: keep the forward's natural routing, for the per-update volatility)."""
+    """One optimizer update on minibatch `rows` (`record`: keep the forward's natural routing, for the
+    per-update volatility)."""
+    batch, adv, old, weights = inputs.batch, inputs.advantages, inputs.old, inputs.weights
     mask = batch.response_mask
     normalizer = ctx.objective.batch_normalizer(mask[rows])  # the whole minibatch's count, on every rank
     local = rows[ctx.rank :: ctx.world]
     parts, ent_sum, traces = [], 0.0, []
     micros = local.split(ctx.cfg.train.micro_batch_size or len(local))
     for i, micro in enumerate(micros):
-        with _routing_context(ctx.model, replay, micro, record) as routed:
+        with _routing_context(ctx.model, old.replay, micro, record) as routed:
             lp, ent = token_logprobs(
                 ctx.backend.train_module,
                 batch.sequences[micro],
@@ -265,7 +283,7 @@ def update_minibatch(
             )
             loss, metrics = ctx.objective(
                 logprobs=lp,
-                old_logprobs=old_lp[micro],
+                old_logprobs=old.logprobs[micro],
                 advantages=adv[micro],
                 mask=mask[micro],
                 normalizer=normalizer,
@@ -273,7 +291,7 @@ def update_minibatch(
             )
             ctx.backend.backward(loss, last=i == len(micros) - 1)
         if record:
-            traces.append(routed.natural if replay is not None else routed)
+            traces.append(routed.natural if old.replay is not None else routed)
         parts.append(metrics)
         ent_sum += torch.where(mask[micro], ent, torch.zeros_like(ent)).sum().item()
     grad_norm = ctx.backend.step(lr)
@@ -291,19 +309,17 @@ def per_update_volatility(natural_old: RoutingTrace, result: MinibatchResult, ma
     return {f"moe/routing_volatility/per_update/{k}": vol[k] for k in ("overall", "tokens_any_changed")}
 
 
-def update(
-    ctx: Context, batch, adv, old_lp, replay, step: int, weights=None, natural_old: RoutingTrace | None = None
-) -> dict[str, float]:
-    """`num_minibatches` updates over a seeded permutation of the batch (with π_old's routing `natural_old`, the
-    second update's forward also measures the routing volatility after one update)."""
-    cfg = ctx.cfg
+def update(ctx: Context, inputs: StepInputs, step: int) -> dict[str, float]:
+    """`num_minibatches` updates over a seeded permutation of the batch (with π_old's natural routing, the second
+    update's forward also measures the routing volatility after one update)."""
+    cfg, batch, weights, natural_old = ctx.cfg, inputs.batch, inputs.weights, inputs.old.natural
     perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch")))
     sums, out, norms = defaultdict(float), {}, []
     ent_sum = ent_tokens = 0.0
     lr = learning_rate(cfg, step)
     for i, rows in enumerate(perm.chunk(cfg.train.num_minibatches)):
         record = i == 1 and natural_old is not None
-        res = update_minibatch(ctx, batch, rows, adv, old_lp, replay, lr, weights, record=record)
+        res = update_minibatch(ctx, inputs, rows, lr, record=record)
         metrics, norm = res.metrics, res.grad_norm
         ent_sum, ent_tokens = ent_sum + res.entropy_sum, ent_tokens + res.tokens
         if record:
@@ -335,33 +351,26 @@ def update(
     return out
 
 
-def route_baseline(
-    ctx: Context, batch: RolloutBatch, train_lp: torch.Tensor, natural_old: RoutingTrace | None
-) -> tuple[torch.Tensor, RoutingTrace] | None:
+def route_baseline(ctx: Context, batch: RolloutBatch, old: OldPolicy) -> tuple[torch.Tensor, RoutingTrace] | None:
     """π_old's log-probs and routing with its routers free, for the routing-share instrument: the π_old pass's
     own output, except under R3, whose π_old pass replays the rollout's routing (then one more free pass,
     telemetry), so the instrument reads the same whatever the run's replay mode. None without MoE layers."""
-    if natural_old is None:
+    if old.natural is None:
         return None
     if replay_mode(ctx.cfg).replays == "rollout":
         return policy_pass(ctx, batch, None, ctx.behaviour)
-    return train_lp, natural_old
+    return old.train_logprobs, old.natural
 
 
 def telemetry(
-    ctx: Context,
-    batch: RolloutBatch,
-    natural_old: RoutingTrace | None,
-    train_lp: torch.Tensor,
-    baseline: tuple[torch.Tensor, RoutingTrace] | None,
-    adv: torch.Tensor,
-    step: int = 0,
+    ctx: Context, inputs: StepInputs, baseline: tuple[torch.Tensor, RoutingTrace] | None, step: int = 0
 ) -> dict[str, float]:
     """After the step's last update, on its rollout: routing volatility (updated policy vs π_old), the share of
     the importance log-ratio that is routing (`moe/route/*`), both on `telemetry.route_rows` of the responses;
     train–inference mismatch and, where the rollout engine recorded routing, train–inference routing
     disagreement (π_old's free routing vs the engine's), both on the whole batch at no extra forward."""
     out = {}
+    batch, adv, natural_old, train_lp = inputs.batch, inputs.advantages, inputs.old.natural, inputs.old.train_logprobs
     mask = batch.response_mask
     if natural_old is not None:
         rows = telemetry_rows(ctx, len(batch), step)
@@ -430,28 +439,51 @@ def compute_metrics(ctx: Context, batch: RolloutBatch, seconds: float) -> dict[s
     return out
 
 
+class Stopwatch:
+    """Wall seconds of a step's phases; `training_seconds` sums the spans that are training compute, so telemetry
+    is left out of `compute/seconds` by construction."""
+
+    def __init__(self):
+        self.spans: dict[str, float] = {}
+        self.diagnostic: set[str] = set()
+
+    @contextmanager
+    def span(self, name: str, training: bool = True):
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.spans[name] = self.spans.get(name, 0.0) + time.time() - start
+            if not training:
+                self.diagnostic.add(name)
+
+    def training_seconds(self) -> float:
+        return sum(s for name, s in self.spans.items() if name not in self.diagnostic)
+
+
 def rl_step(ctx: Context, step: int) -> dict[str, float]:
-    start = time.time()
-    if ctx.lag is not None:
-        ctx.lag.advance(ctx.model)
-    rows, batch = rollout(ctx, step)
-    rewards, reward_errors = score(ctx.task, rows, batch)
-    adv = group_advantages(rewards, ctx.cfg.rollout.group_size, ctx.cfg.algo.advantage_eps)
-    pass_start = time.time()
-    old_lp, train_lp, natural_old, replay = old_policy(ctx, batch)
-    telemetry_s = 0.0 if old_pass_trains(ctx.cfg) else time.time() - pass_start
-    baseline_start = time.time()
-    baseline = route_baseline(ctx, batch, train_lp, natural_old)
-    telemetry_s += time.time() - baseline_start
-    metrics = rollout_metrics(ctx.cfg, rewards, batch)
-    metrics["rollout/reward_errors"] = float(reward_errors)
-    weights, correction = rollout_correction(ctx.cfg, train_lp, batch)
-    metrics.update(correction)
-    metrics.update(update(ctx, batch, adv, old_lp, replay, step, weights, natural_old))
-    # telemetry (below, and the π_old pass when only telemetry uses it) is diagnostics, not training compute
-    seconds = time.time() - start - telemetry_s
-    metrics.update(telemetry(ctx, batch, natural_old, train_lp, baseline, adv, step))
-    metrics.update(compute_metrics(ctx, batch, seconds))
+    """One step as its five phases (module docstring); compute_metrics counts the training spans only."""
+    watch = Stopwatch()
+    with watch.span("rollout"):
+        if ctx.lag is not None:
+            ctx.lag.advance(ctx.model)
+        rows, batch = rollout(ctx, step)
+        rewards, reward_errors = score(ctx.task, rows, batch)
+        adv = group_advantages(rewards, ctx.cfg.rollout.group_size, ctx.cfg.algo.advantage_eps)
+    with watch.span("old_policy", training=old_pass_trains(ctx.cfg)):  # else it only feeds telemetry
+        old = old_policy(ctx, batch)
+    with watch.span("route_baseline", training=False):
+        baseline = route_baseline(ctx, batch, old)
+    with watch.span("update"):
+        metrics = rollout_metrics(ctx.cfg, rewards, batch)
+        metrics["rollout/reward_errors"] = float(reward_errors)
+        weights, correction = rollout_correction(ctx.cfg, old.train_logprobs, batch)
+        metrics.update(correction)
+        inputs = StepInputs(batch, adv, old, weights)
+        metrics.update(update(ctx, inputs, step))
+    with watch.span("telemetry", training=False):
+        metrics.update(telemetry(ctx, inputs, baseline, step))
+    metrics.update(compute_metrics(ctx, batch, watch.training_seconds()))
     ctx.samples_text = [
         f"[{r:.0f}] {p.prompt}{t!r}" for p, t, r in zip(rows[:16], batch.response_texts, rewards.tolist())
     ]

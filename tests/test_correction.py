@@ -169,3 +169,10 @@ def test_bad_settings_are_one_line_errors(overrides, words):
     with pytest.raises(ConfigError) as err:
         load_config("experiments/smoke/base.yaml", overrides)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_mode_table_is_the_docstrings_table():
+    from gspo_study.objectives import correction
+
+    rows = [line.split("|")[1].strip(" `") for line in correction.__doc__.splitlines() if line.startswith("| `")]
+    assert rows == list(correction.MODES)

@@ -156,10 +156,10 @@ def instrument(ctx, batch, adv) -> dict[str, float]:
     """What a step logs, with the trainer's own functions: π_old pass and baseline, then weights moved."""
     from gspo_study import trainer
 
-    _, train_lp, natural_old, _ = trainer.old_policy(ctx, batch)
-    baseline = trainer.route_baseline(ctx, batch, train_lp, natural_old)
+    old = trainer.old_policy(ctx, batch)
+    baseline = trainer.route_baseline(ctx, batch, old)
     perturb(ctx.model)
-    out = trainer.telemetry(ctx, batch, natural_old, train_lp, baseline, adv)
+    out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old), baseline)
     return {k: v for k, v in out.items() if k.startswith("moe/route/")}
 
 
@@ -173,9 +173,9 @@ def test_instrument_is_the_same_whatever_the_replay_mode_and_zero_without_a_chan
         rows, batch = trainer.rollout(ctx, 1)
         adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
         if mode == "none":  # before any change: routing's part is exactly zero
-            _, train_lp, natural_old, _ = trainer.old_policy(ctx, batch)
-            base = trainer.route_baseline(ctx, batch, train_lp, natural_old)
-            still = trainer.telemetry(ctx, batch, natural_old, train_lp, base, adv)
+            old = trainer.old_policy(ctx, batch)
+            base = trainer.route_baseline(ctx, batch, old)
+            still = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old), base)
             assert still["moe/route/abs_max"] == 0.0 and still["moe/route/clip_flip_token"] == 0.0
         readings[mode] = instrument(ctx, batch, adv)
     assert readings["none"]["moe/route/abs_mean"] > 0  # the perturbation moved some routing
@@ -193,16 +193,17 @@ def test_per_update_volatility_is_the_routing_after_exactly_one_update(smoke_cfg
     logged, twin = trainer.setup(cfg), trainer.setup(cfg)
     _, batch = trainer.rollout(logged, 1)
     adv = group_advantages(torch.arange(len(batch)).float() % 2, cfg.rollout.group_size)
-    old_lp, _, natural_old, _ = trainer.old_policy(logged, batch)
-    out = trainer.update(logged, batch, adv, old_lp, None, 1, natural_old=natural_old)
+    old = trainer.old_policy(logged, batch)
+    inputs = trainer.StepInputs(batch, adv, old)
+    out = trainer.update(logged, inputs, 1)
 
     perm = torch.randperm(
         len(batch), generator=torch.Generator().manual_seed(trainer.derive_seed(cfg.seed, 1, "minibatch"))
     )
     first, second = perm.chunk(cfg.train.num_minibatches)[:2]
-    trainer.update_minibatch(twin, batch, first, adv, old_lp, None, trainer.learning_rate(cfg, 1))
+    trainer.update_minibatch(twin, inputs, first, trainer.learning_rate(cfg, 1))
     _, after_one = trainer.policy_pass(twin, batch.select(second), None)
-    want = routing_volatility(natural_old.select(second), after_one, batch.response_mask[second])
+    want = routing_volatility(old.natural.select(second), after_one, batch.response_mask[second])
     assert out["moe/routing_volatility/per_update/overall"] == want["overall"] > 0
     assert out["moe/routing_volatility/per_update/tokens_any_changed"] == want["tokens_any_changed"]
 
@@ -227,9 +228,9 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
         )
         _, batch = trainer.rollout(ctx, 1)
         adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
-        _, train_lp, natural_old, _ = trainer.old_policy(ctx, batch)
-        base = trainer.route_baseline(ctx, batch, train_lp, natural_old)
-        out = trainer.telemetry(ctx, batch, natural_old, train_lp, base, adv, 1)
+        old = trainer.old_policy(ctx, batch)
+        base = trainer.route_baseline(ctx, batch, old)
+        out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old), base, 1)
         want = routing_volatility(base[1], batch.routing, batch.response_mask)
         gaps[mode, dtype] = {k: v for k, v in out.items() if k.startswith("moe/train_infer_routing/")}
         assert gaps[mode, dtype] == {f"moe/train_infer_routing/{k}": v for k, v in want.items()}
@@ -241,10 +242,11 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
     ctx = trainer.setup(smoke_cfg("algo.objective=grpo", "telemetry.route_rows=0.5"))
     _, batch = trainer.rollout(ctx, 1)
     adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
-    _, train_lp, natural_old, _ = trainer.old_policy(ctx, batch)
-    base = trainer.route_baseline(ctx, batch, train_lp, natural_old)
+    old = trainer.old_policy(ctx, batch)
+    train_lp, natural_old = old.train_logprobs, old.natural
+    base = trainer.route_baseline(ctx, batch, old)
     perturb(ctx.model)
-    out = trainer.telemetry(ctx, batch, natural_old, train_lp, base, adv, 1)
+    out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old), base, 1)
     rows = trainer.telemetry_rows(ctx, len(batch), 1)
     assert len(rows) == len(batch) // 2 and rows.tolist() != list(range(len(rows)))
     sub = batch.select(rows)

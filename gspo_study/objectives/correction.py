@@ -3,7 +3,7 @@ engine's π_old, applied beside any objective, replay mode and π_old recompute 
 
 Per token w_t = π_old(y_t) / μ(y_t); per response W_i = exp(Σ_t log w_t), the product over the response (the
 **sum** of log-ratios: a different object from GSPO's length-normalised s_i, TRL #5814); geometric
-G_i = exp(mean_t log w_t) (verl's geometric mask). Modes, as the peers name them:
+G_i = exp(mean_t log w_t) (verl's geometric mask). Modes, as the peers name them (`MODES` is this table):
 
 | mode | weight c on token t of response i | source |
 |---|---|---|
@@ -26,16 +26,31 @@ rank invariance hold as for the objectives. μ = π_old gives c = 1 exactly.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from gspo_study.objectives.core import MAX_LOG_RATIO
 
-CORRECTIONS = (
-    "none", "token_truncate", "token_mask", "icepop", "sequence_truncate", "sequence_mask", "geometric_mask",
-)  # fmt: skip
-TOKEN_LEVEL = ("token_truncate", "token_mask", "icepop")
+
+class Mode(NamedTuple):
+    """One row of the module docstring's table: what the weight is of, and what is done with it."""
+
+    unit: str  # "token" (w_t), "sequence" (W_i) or "geometric" (G_i)
+    rule: str  # "truncate" (c = sg[min(·, C)]) or "mask" (c = 1 inside the bounds, else 0)
+    bounds: str  # the mask's bounds: "cap" [1/C, C], "icepop" [α, β], "geo_cap" [1/C_g, C_g]
+
+
+MODES = {
+    "token_truncate":    Mode("token", "truncate", "cap"),
+    "token_mask":        Mode("token", "mask", "cap"),
+    "icepop":            Mode("token", "mask", "icepop"),
+    "sequence_truncate": Mode("sequence", "truncate", "cap"),
+    "sequence_mask":     Mode("sequence", "mask", "cap"),
+    "geometric_mask":    Mode("geometric", "mask", "geo_cap"),
+}  # fmt: skip
+CORRECTIONS = ("none", *MODES)
 CORRECTION_METRICS = (
     "correction/weight/mean",
     "correction/weight/min",
@@ -64,22 +79,22 @@ def correction_weights(
     token for sequence modes: the raw weight's (w, W or G) mean / min / max, the effective sample size
     (Σ c)² / (n Σ c²) of the applied weights, and the share of tokens / responses masked (c = 0) or truncated
     (w or W above C)."""
-    if mode not in CORRECTIONS or mode == "none":
-        raise ValueError(f"unknown correction {mode!r}; allowed: {', '.join(CORRECTIONS[1:])}")
+    if mode not in MODES:
+        raise ValueError(f"unknown correction {mode!r}; allowed: {', '.join(MODES)}")
+    m = MODES[mode]
     valid = mask.bool()
     zero = torch.zeros((), dtype=torch.float64, device=valid.device)
     log_w = torch.where(valid, old_logprobs.double() - rollout_logprobs.double(), zero)
     log_w = log_w.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     seqs = valid.any(-1)
-    lengths = valid.sum(-1).clamp(min=1)
-    if mode in TOKEN_LEVEL:
+    if m.unit == "token":
         raw, units = log_w.exp(), valid
-    elif mode == "geometric_mask":
-        raw, units = (log_w.sum(-1) / lengths).exp(), seqs
+    elif m.unit == "geometric":
+        raw, units = (log_w.sum(-1) / valid.sum(-1).clamp(min=1)).exp(), seqs
     else:
         raw, units = log_w.sum(-1).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp(), seqs
-    lo, hi = {"icepop": icepop, "geometric_mask": (1 / geo_cap, geo_cap)}.get(mode, (1 / cap, cap))
-    truncating = mode.endswith("truncate")
+    lo, hi = {"cap": (1 / cap, cap), "icepop": icepop, "geo_cap": (1 / geo_cap, geo_cap)}[m.bounds]
+    truncating = m.rule == "truncate"
     c = raw.clamp(max=cap) if truncating else ((raw >= lo) & (raw <= hi)).double()
     c = torch.where(units, c, zero)
     token_c = c if c.dim() == 2 else torch.where(valid, c[:, None].expand_as(log_w), zero)

