@@ -822,8 +822,10 @@ def _refuse_inert(cfg: Config) -> None:
         for key in (k for k in flat if k == prefix or (prefix.endswith(".") and k.startswith(prefix))):
             if flat[key] == default.get(key):
                 continue
-            message = (f"{key}={flat[key]!r} takes no part in this run (only with {needs}); allowed: its default "
-                       f"({default.get(key)!r}), or {needs}")  # fmt: skip
+            message = (
+                f"{key}={flat[key]!r} takes no part in this run (only with {needs}); "
+                f"allowed: its default ({default.get(key)!r}), or {needs}"
+            )
             if severity:
                 warnings.warn(message, InertSettingWarning, stacklevel=2)
             else:

@@ -323,8 +323,44 @@ def _create_sqlite_store(db: Path, uri: str) -> None:
 
 @functools.cache
 def _empty_store() -> bytes:
-    """A new, empty MLflow sqlite store as bytes: MLflow's schema migrations (~2 s) run once per process, and
-    every store it creates is a copy (a pytest worker creates dozens)."""
+    """A new, empty MLflow sqlite store as bytes: MLflow's schema migrations (~2 s of CPU) run once per MLflow
+    version on this machine (the result is kept in `_template_path()`), and every store is a copy of it (a test
+    suite creates hundreds, most in processes of their own)."""
+    import sqlite3
+
+    cached = _template_path()
+    try:
+        data = cached.read_bytes()
+        with tempfile.TemporaryDirectory() as scratch:  # a template cut short or from elsewhere is rebuilt
+            probe = Path(scratch) / "probe.db"
+            probe.write_bytes(data)
+            with contextlib.closing(sqlite3.connect(probe)) as con:
+                if con.execute("SELECT version_num FROM alembic_version").fetchone():
+                    return data
+    except (OSError, sqlite3.Error):
+        pass
+    data = _migrated_store()
+    try:  # atomically: processes that build it at once each write their own and the last rename wins
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f"{cached.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, cached)
+    except OSError:  # a read-only or full cache: the next process migrates again
+        pass
+    return data
+
+
+def _template_path() -> Path:
+    """`$XDG_CACHE_HOME` (or ~/.cache) `/gspo_study/mlflow-<version>-empty.db`: keyed by MLflow's version, whose
+    migrations define the schema."""
+    from importlib.metadata import version
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "gspo_study" / f"mlflow-{version('mlflow')}-empty.db"
+
+
+def _migrated_store() -> bytes:
+    """A new store built by MLflow itself (its schema migrations), as bytes."""
     import logging
 
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore

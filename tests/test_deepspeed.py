@@ -24,8 +24,8 @@ pytest.importorskip("deepspeed")
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 # A pairwise cover (every pair of values of any two factors appears in some case) of the objective and replay
 # (GSPO, GRPO + R2, GRPO + R3), the ZeRO stage, rollouts whole on every rank or sharded across ranks, and one or
-# several micro-batches per rank (DeepSpeed must accumulate them, not keep the last one's gradient): 6 torchrun
-# launches instead of the 24 of every combination.
+# several micro-batches per rank (DeepSpeed must accumulate them, not keep the last one's gradient): 6 cases
+# instead of the 24 of every combination, trained by the two ranks of one torchrun launch.
 CASES = [
     ("gspo", "none", 2, ()),
     ("gspo", "none", 3, ("rollout.sharded=true", "train.micro_batch_size=1")),
@@ -66,16 +66,45 @@ def _store(cfg) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("objective, replay, stage, extra", CASES)
-def test_two_ranks_match_single_process(smoke_cfg, objective, replay, stage, extra):
-    common = [f"algo.objective={objective}", f"algo.routing_replay={replay}", "train.steps=2", "eval.every=0", *extra]
-    single = smoke_cfg(*common)
+def _case_overrides(case) -> list[str]:
+    objective, replay, _, extra = case
+    return [f"algo.objective={objective}", f"algo.routing_replay={replay}", "train.steps=2", "eval.every=0", *extra]
+
+
+def _rank_overrides(case) -> list[str]:
+    return [*_case_overrides(case), "train.backend=deepspeed", f"train.zero_stage={case[2]}"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(smoke_results, tmp_path_factory):
+    """Every case of CASES trained by 2 DeepSpeed ranks in one torchrun launch (tests/ds_runs.py), each into a store
+    of its own: (each run's overrides, the launch's CompletedProcess)."""
+    import json
+
+    root = tmp_path_factory.mktemp("ds-ranks")
+    runs = [
+        [
+            f"results_dir={root / str(i)}",
+            f"tracking.uri=sqlite:///{root / str(i)}/mlflow.db",
+            f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart",
+            *_rank_overrides(case),
+        ]
+        for i, case in enumerate(CASES)
+    ]
+    (root / "runs.json").write_text(json.dumps(runs))
+    script = Path(__file__).with_name("ds_runs.py")
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(script), str(root / "runs.json")]
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
+    return runs, done
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-zero{c[2]}-{len(c[3])}")
+def test_two_ranks_match_single_process(smoke_cfg, two_rank_runs, case):
+    runs, done = two_rank_runs
+    assert done.returncode == 0, done.stderr[-3000:]
+    single = smoke_cfg(*_case_overrides(case))
     train(single)
-    ranks = [*common, "train.backend=deepspeed", f"train.zero_stage={stage}"]
-    ds = smoke_cfg(*ranks)
-    overrides = _store(ds)
-    _torchrun(overrides + ranks)
-    assert load_config("experiments/smoke/base.yaml", overrides + ranks) == ds
+    ds = load_config("experiments/smoke/base.yaml", runs[CASES.index(case)])
     h1, h2 = history(single), history(ds)
     for key in (
         "policy/loss",

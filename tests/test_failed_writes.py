@@ -5,6 +5,7 @@ and its rerun, with space again, must complete with the numbers of a job that ne
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -36,12 +37,19 @@ def disk(tmp_path):
 
 
 def fill(mnt: Path, leave: int = 64 << 10) -> Path:
-    """Take all but `leave` bytes of the tmpfs (fallocate: instant)."""
-    st = os.statvfs(mnt)
-    free = st.f_bavail * st.f_frsize
+    """Take all but `leave` bytes of the tmpfs (fallocate: instant). The job writes meanwhile, so the free space
+    can shrink between the measure and the fallocate (ENOSPC): then measured again, with what is taken kept."""
     filler = mnt / "filler"
     with open(filler, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, max(free - leave, 1))
+        for _ in range(50):
+            st = os.statvfs(mnt)
+            free = st.f_bavail * st.f_frsize
+            try:
+                os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size + max(free - leave, 1))
+                return filler
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
     return filler
 
 
