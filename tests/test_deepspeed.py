@@ -75,36 +75,50 @@ def _rank_overrides(case) -> list[str]:
     return [*_case_overrides(case), "train.backend=deepspeed", f"train.zero_stage={case[2]}"]
 
 
+RESUME = [  # the ZeRO-2 run the resume test kills and resumes
+    "train.backend=deepspeed",
+    "train.zero_stage=2",
+    "train.steps=3",
+    "eval.every=0",
+    "train.checkpoint_every=1",
+    "rollout.sharded=true",
+    "seed=5",
+]
+
+
 @pytest.fixture(scope="module")
-def two_rank_runs(smoke_results, tmp_path_factory):
-    """Every case of CASES trained by 2 DeepSpeed ranks in one torchrun launch (tests/ds_runs.py), each into a store
-    of its own: (each run's overrides, the launch's CompletedProcess)."""
+def launch(smoke_results, tmp_path_factory):
+    """One torchrun launch of 2 DeepSpeed ranks (tests/ds_runs.py) for this file's runs — every case of CASES and
+    the resume test's uninterrupted reference, each into a store of its own — then the non-finite check under
+    ZeRO-2 and ZeRO-3: (each run's overrides by name, the launch's CompletedProcess)."""
     import json
 
     root = tmp_path_factory.mktemp("ds-ranks")
-    runs = [
-        [
-            f"results_dir={root / str(i)}",
-            f"tracking.uri=sqlite:///{root / str(i)}/mlflow.db",
-            f"init_checkpoint={smoke_results}/smoke/checkpoints/coldstart",
-            *_rank_overrides(case),
+    coldstart = smoke_results / "smoke/checkpoints/coldstart"
+
+    def store(name: str) -> list[str]:
+        return [
+            f"results_dir={root / name}",
+            f"tracking.uri=sqlite:///{root / name}/mlflow.db",
+            f"init_checkpoint={coldstart}",
         ]
-        for i, case in enumerate(CASES)
-    ]
-    (root / "runs.json").write_text(json.dumps(runs))
+
+    runs = {f"case-{i}": [*store(f"case-{i}"), *_rank_overrides(case)] for i, case in enumerate(CASES)}
+    runs["resume-whole"] = [*store("resume-whole"), *RESUME]
+    plan = {"runs": runs, "checkpoint": str(coldstart), "nonfinite_stages": [2, 3]}
+    (root / "plan.json").write_text(json.dumps(plan))
     script = Path(__file__).with_name("ds_runs.py")
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(script), str(root / "runs.json")]
-    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
-    return runs, done
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(script), str(root / "plan.json")]
+    return runs, subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-zero{c[2]}-{len(c[3])}")
-def test_two_ranks_match_single_process(smoke_cfg, two_rank_runs, case):
-    runs, done = two_rank_runs
+def test_two_ranks_match_single_process(smoke_cfg, launch, case):
+    runs, done = launch
     assert done.returncode == 0, done.stderr[-3000:]
     single = smoke_cfg(*_case_overrides(case))
     train(single)
-    ds = load_config("experiments/smoke/base.yaml", runs[CASES.index(case)])
+    ds = load_config("experiments/smoke/base.yaml", runs[f"case-{CASES.index(case)}"])
     h1, h2 = history(single), history(ds)
     for key in (
         "policy/loss",
@@ -130,21 +144,15 @@ def test_two_ranks_match_single_process(smoke_cfg, two_rank_runs, case):
     assert upd1.norm() > 0  # the comparison is of real updates
 
 
-def test_resume_from_zero_checkpoint_gives_uninterrupted_numbers(smoke_cfg, tmp_path):
+def test_resume_from_zero_checkpoint_gives_uninterrupted_numbers(smoke_cfg, launch, tmp_path):
     """Killed (SIGKILL) right after its step-2 checkpoint, a 2-rank ZeRO-2 run resumes from the ZeRO state and
-    logs at step 3 what a run that was never interrupted logs; only the newest ZeRO tag is kept."""
-    run = [
-        "train.backend=deepspeed",
-        "train.zero_stage=2",
-        "train.steps=3",
-        "eval.every=0",
-        "train.checkpoint_every=1",
-        "rollout.sharded=true",
-    ]
-    other = [f"results_dir={tmp_path / 'killed'}", "tracking.experiment=killed"]  # same run, own dir
-    whole, killed = smoke_cfg(*run, "seed=5"), smoke_cfg(*run, "seed=5", *other)
-    _torchrun(_store(whole) + run + ["seed=5"])
-    over = _store(killed) + run + ["seed=5", "tracking.experiment=killed"]
+    logs at step 3 what a run that was never interrupted logs (the module launch's); only the newest ZeRO tag is
+    kept."""
+    runs, done = launch
+    assert done.returncode == 0, done.stderr[-3000:]
+    whole = load_config("experiments/smoke/base.yaml", runs["resume-whole"])
+    killed = smoke_cfg(*RESUME, f"results_dir={tmp_path / 'killed'}", "tracking.experiment=killed")  # own dir
+    over = [*_store(killed), *RESUME, "tracking.experiment=killed"]
     done = _torchrun(over, env={**ENV, "GSPO_STUDY_KILL_AT_STEP": "2"}, check=False)
     assert done.returncode != 0 and history(killed)["rollout/reward/mean"].keys() == {1, 2}
     _torchrun(over)
@@ -157,11 +165,9 @@ def test_resume_from_zero_checkpoint_gives_uninterrupted_numbers(smoke_cfg, tmp_
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
 
 
-def test_nonfinite_update_is_skipped_under_zero2_and_zero3(smoke_results):
-    script = Path(__file__).with_name("ds_backend_check.py")
-    ckpt = smoke_results / "smoke/checkpoints/coldstart"
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(script), str(ckpt), "2", "3"]
-    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+def test_nonfinite_update_is_skipped_under_zero2_and_zero3(launch):
+    """tests/ds_backend_check.py, run by the module launch after its training runs."""
+    _, done = launch
     assert done.returncode == 0 and done.stdout.count(": ok") == 4, done.stderr[-3000:]
     found = re.findall(r"rank (\d), ZeRO-(\d): ok", done.stdout)  # a rank's line may follow another's log text
     assert sorted(found) == [(r, s) for r in "01" for s in "23"], done.stdout[-3000:]

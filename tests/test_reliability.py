@@ -331,22 +331,17 @@ def test_save_killed_between_its_renames_is_finished_on_resume(smoke_cfg):
     assert not any(run_dir(cfg).iterdir())
 
 
-def _open_store(uri: str) -> str:
-    from gspo_study.tracking import _connect
-
-    client, exp_id = _connect(uri, "race")
-    return exp_id
-
-
 def test_processes_creating_one_new_store_at_once_all_get_it(tmp_path):
     """Concurrent MLflow schema migrations break a new sqlite store for good; the lock beside it serialises
     them, so four processes opening one new store at once all get the same experiment."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from tests.store_open import open_store
+
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
-        ids = list(pool.map(_open_store, [uri] * 4))
+        ids = list(pool.map(open_store, [uri] * 4))
     assert len(set(ids)) == 1
     assert MlflowClient(uri).get_experiment_by_name("race").experiment_id == ids[0]
 

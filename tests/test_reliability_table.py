@@ -444,10 +444,39 @@ def test_two_sweeps_needing_one_cold_start_train_it_once(tmp_path, capfd):
     assert sorted(p.name for p in cold.parent.iterdir()) == ["coldstart"]
 
 
-def _open_store(uri: str) -> None:
-    from gspo_study.tracking import _connect
+def test_store_template_killed_while_built_or_corrupt_is_rebuilt(tmp_path):
+    """A new store is a copy of a template migrated once per MLflow version (`tracking._template_path`): a build
+    killed at any moment leaves no template or a whole one, and a template cut short or not a store is rebuilt,
+    so the stores made from it are whole."""
+    from gspo_study import tracking
 
-    _connect(uri, "race")
+    cache = tmp_path / "cache"
+    env = {**ENV, "XDG_CACHE_HOME": str(cache)}
+    code = "import sys; from gspo_study.tracking import _connect; _connect(sys.argv[1], 'race')"
+    for attempt in range(2):
+        proc = subprocess.Popen([sys.executable, "-c", code, f"sqlite:///{tmp_path}/t{attempt}.db"], env=env)
+        time.sleep(KILLS.uniform(2.0, 6.0))  # within the interpreter's start, MLflow's import or the migration
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        for template in cache.glob("gspo_study/*.db"):  # none yet, or whole
+            assert sqlite3.connect(template).execute("SELECT version_num FROM alembic_version").fetchone()
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    try:
+        template = tracking._template_path()
+        for bad in (b"", b"not a sqlite file", template.read_bytes()[:4096] if template.exists() else b"x"):
+            template.parent.mkdir(parents=True, exist_ok=True)
+            template.write_bytes(bad)
+            data = tracking._empty_store.__wrapped__()
+            assert template.read_bytes() == data and data[:16] == b"SQLite format 3\x00"
+        db = tmp_path / "from-template.db"
+        db.write_bytes(data)
+        assert "runs" in {r[0] for r in sqlite3.connect(db).execute("SELECT name FROM sqlite_master")}
+    finally:
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME")
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
 
 
 def test_store_killed_while_created_is_never_broken(tmp_path):

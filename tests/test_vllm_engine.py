@@ -765,17 +765,16 @@ def _train_real(python, root: Path, init: Path, run: str, kill_at: int | None = 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["gspo", "grpo_r2"])
-def test_real_engine_trains_logs_and_resumes_after_a_kill(vllm_coldstart, tmp_path, run):
-    """`train ... rollout.engine=vllm` end to end on the real engine: killed after step 3 (GSPO), resumed from
-    its step-2 checkpoint; every step logged once to MLflow, the parameters changed, vLLM's rollouts equal to
-    the fp32 trainer's own log-probs (train-inference mismatch ~0)."""
+def test_real_engine_trains_logs_and_resumes_after_a_kill(vllm_coldstart, tmp_path):
+    """`train ... rollout.engine=vllm` end to end on the real engine, GRPO + R2 (π_old's routing replayed on vLLM's
+    rollouts): killed after step 3, resumed from its step-2 checkpoint; every step logged once to MLflow, the
+    parameters changed, vLLM's rollouts equal to the fp32 trainer's own log-probs (train-inference mismatch ~0).
+    (GSPO end to end on a real vLLM: tests/test_vllm_server.py, through the `generate` both engines share.)"""
     from tests.test_trainer import history, weights
 
-    python = _real_engine_env()
-    if run == "gspo":
-        killed, _ = _train_real(python, tmp_path, vllm_coldstart, run, kill_at=3)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    python, run = _real_engine_env(), "grpo_r2"
+    killed, _ = _train_real(python, tmp_path, vllm_coldstart, run, kill_at=3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     done, cfg = _train_real(python, tmp_path, vllm_coldstart, run)
     assert done.returncode == 0, done.stderr[-3000:]
     from gspo_study.train.checkpointing import run_dir
