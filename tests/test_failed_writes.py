@@ -152,14 +152,10 @@ def test_export_write_fails_midway(smoke_results, tmp_path, disk):
         "train.steps=2",
         f"init_checkpoint={init}",
     ]
-    assert (
-        subprocess.run(
-            [sys.executable, "-m", "gspo_study", "sweep", "--figure", "1", "--scale", "smoke", "--seeds", "1", *common],
-            env=ENV,
-            capture_output=True,
-        ).returncode
-        == 0
-    )
+    from gspo_study.cli import main
+    from gspo_study.study import run_figure
+
+    run_figure(1, "smoke", [1], common)  # the runs to export, trained in this process
     out = disk / "runs.parquet"
     export = [
         "export-study",
@@ -173,12 +169,12 @@ def test_export_write_fails_midway(smoke_results, tmp_path, disk):
         str(out),
         *common,
     ]
-    assert subprocess.run([sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True).returncode == 0
+    assert main(export) == 0
     before = out.read_bytes()
     fill(disk, leave=0)
     res = subprocess.run([sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True, text=True)
     assert res.returncode == 4 and one_line(res.stderr).startswith("error: a write failed"), res.stderr
     assert out.read_bytes() == before and sorted(p.name for p in disk.iterdir()) == ["filler", "runs.parquet"]
     (disk / "filler").unlink()
-    assert subprocess.run([sys.executable, "-m", "gspo_study", *export], env=ENV, capture_output=True).returncode == 0
+    assert main(export) == 0  # in this process: the same command as the failed one
     assert out.read_bytes() == before

@@ -227,8 +227,8 @@ def test_real_server_follows_every_weight_push(served):
     assert moved["mean"] > 1e-3
 
 
-def _train_server(root: Path, init: Path, kill_at: int | None = None, urls: list[str] = ()):
-    over = [
+def _server_overrides(root: Path, init: Path, urls: list[str] = ()) -> list[str]:
+    return [
         f"results_dir={root}",
         f"tracking.uri=sqlite:///{root}/mlflow.db",
         f"init_checkpoint={init}",
@@ -237,6 +237,10 @@ def _train_server(root: Path, init: Path, kill_at: int | None = None, urls: list
         "train.steps=4",
         *([f"rollout.server.urls=[{','.join(urls)}]"] if urls else []),
     ]
+
+
+def _train_server(root: Path, init: Path, kill_at: int | None = None):
+    over = _server_overrides(root, init)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     if kill_at is not None:
         env["GSPO_STUDY_KILL_AT_STEP"] = str(kill_at)
@@ -263,8 +267,12 @@ def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, se
     while group_alive(record["pgid"]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not group_alive(record["pgid"]), "the killed trainer's server outlived it"
-    done, cfg = _train_server(tmp_path, vllm_coldstart, urls=served.engine.urls)
-    assert done.returncode == 0, done.stderr[-3000:]
+    from gspo_study.trainer import train
+
+    cfg = load_config(
+        [SMOKE_BASE, "experiments/runs/gspo.yaml"], _server_overrides(tmp_path, vllm_coldstart, served.engine.urls)
+    )
+    train(cfg)  # the resume, in this process (what the CLI's `train` calls)
     hist = history(cfg)
     assert sorted(hist["rollout/reward/mean"]) == [1, 2, 3, 4] and sorted(hist["eval/pass_at_1"]) == [0, 2, 4]
     assert all(abs(v) < 1e-5 for v in hist["mismatch/k3"].values())  # fp32 server = fp32 trainer, every step
@@ -348,23 +356,34 @@ def test_real_server_with_two_zero3_ranks_matches_one_process(vllm_coldstart, se
         f"rollout.server.python={VLLM_PY}",
         f"init_checkpoint={vllm_coldstart}",
     ]
-    runs = {}
-    address = f"rollout.server.urls=[{','.join(served.engine.urls)}]"
-    for name, extra in (("one", [address]), ("ranks", ["train.backend=deepspeed", "train.zero_stage=3"])):
-        over = [
+    from gspo_study.trainer import train
+
+    def overrides(name: str, *extra: str) -> list[str]:
+        return [
             f"results_dir={tmp_path / name}",
             f"tracking.uri=sqlite:///{tmp_path / name}/mlflow.db",
             *common,
             *extra,
         ]
-        launcher = (
-            [sys.executable, "-m"] if name == "one" else [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m"]
-        )
-        cmd = [*launcher, "gspo_study", "train", SMOKE_BASE, "experiments/runs/gspo.yaml", *over]
-        done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs[name] = history(load_config([SMOKE_BASE, "experiments/runs/gspo.yaml"], over))
-    one, ranks = runs["one"], runs["ranks"]
+
+    ranks_over = overrides("ranks", "train.backend=deepspeed", "train.zero_stage=3")
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "gspo_study", "train", SMOKE_BASE]
+    done = subprocess.run(
+        [*cmd, "experiments/runs/gspo.yaml", *ranks_over],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = history(load_config([SMOKE_BASE, "experiments/runs/gspo.yaml"], ranks_over))
+    one_cfg = load_config(
+        [SMOKE_BASE, "experiments/runs/gspo.yaml"],
+        overrides("one", f"rollout.server.urls=[{','.join(served.engine.urls)}]"),
+    )
+    train(one_cfg)  # the one-process reference, in this process
+    one = history(one_cfg)
     assert one["rollout/reward/mean"] == ranks["rollout/reward/mean"]  # the same tokens: the same server rollouts
     for key in ("policy/loss", "train/grad_norm"):
         for step in (1, 2):
