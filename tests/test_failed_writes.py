@@ -109,11 +109,15 @@ def test_checkpoint_write_fails_midway(smoke_results, tmp_path, disk):
 def test_cold_start_write_fails_midway(tmp_path, disk):
     from gspo_study.models.checkpoint import is_complete
     from gspo_study.sft import run_sft
+    from gspo_study.train.checkpointing import lock_file
 
     ref = run_sft(load_config(SMOKE, [f"results_dir={tmp_path / 'ref'}", "sft.steps=60"]))
     over = [f"results_dir={disk}", "sft.steps=60"]
     checkpoints = disk / "smoke" / "checkpoints"
-    rc, err = run_until_full(["sft", SMOKE, *over], checkpoints.exists, disk)  # past its free-space probe
+    # the cold start's lock is taken after the free-space probe and before the 60 steps; the checkpoint's own
+    # directory appears only as it is written, too late on a fast machine (the save takes milliseconds)
+    locked = lock_file(f"coldstart:{(checkpoints / 'coldstart').resolve()}")
+    rc, err = run_until_full(["sft", SMOKE, *over], locked.exists, disk)
     assert (
         rc == 4 and one_line(err).startswith("error: a write failed (") and "No space left on device" in one_line(err)
     ), err
