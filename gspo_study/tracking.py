@@ -329,14 +329,11 @@ def _empty_store() -> bytes:
     import sqlite3
 
     cached = _template_path()
-    try:
+    try:  # a template cut short or not a store is rebuilt
         data = cached.read_bytes()
-        with tempfile.TemporaryDirectory() as scratch:  # a template cut short or from elsewhere is rebuilt
-            probe = Path(scratch) / "probe.db"
-            probe.write_bytes(data)
-            with contextlib.closing(sqlite3.connect(probe)) as con:
-                if con.execute("SELECT version_num FROM alembic_version").fetchone():
-                    return data
+        with contextlib.closing(sqlite3.connect(f"{cached.as_uri()}?mode=ro", uri=True)) as con:
+            if con.execute("SELECT version_num FROM alembic_version").fetchone():
+                return data
     except (OSError, sqlite3.Error):
         pass
     data = _migrated_store()

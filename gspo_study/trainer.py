@@ -194,8 +194,7 @@ def old_pass_trains(cfg: Config) -> bool:
 class OldPolicy:
     """π_old of one step (from `old_policy`)."""
 
-    logprobs: torch.Tensor  # what the objective takes as π_old: the rollout's μ (`algo.old_logprobs: rollout`)
-    # or train_logprobs
+    logprobs: torch.Tensor  # the objective's π_old: train_logprobs, or μ under `algo.old_logprobs: rollout`
     train_logprobs: torch.Tensor  # the training engine's π_old log-probs (mismatch, rollout correction)
     natural: RoutingTrace | None  # π_old's natural routing in that pass (under R3: what its routers would choose)
     replay: RoutingTrace | None  # the routing the updates replay (R2: `natural`, R3: the rollout's), or None

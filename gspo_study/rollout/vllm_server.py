@@ -367,7 +367,6 @@ class VLLMServerEngine(VLLMRollout):
         self.model, self._gather, self._weights_stale = model, gather or contextlib.nullcontext, True
         self._full_state = full_state
 
-    @torch.no_grad()
     def close(self) -> None:
         """Stop the server the suite started (its whole process group) and remove the pushed weights."""
         if self.process is not None:
