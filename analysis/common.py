@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from gspo_study.config import Config, ConfigError
-from gspo_study.tracking import find_run, metric_name, run_key, tracking_uri
+from gspo_study.run import run_key, tracking_uri
+from gspo_study.tracking import find_run, metric_name
 
 REWARD, PASS1, FLOPS = "rollout/reward/mean", "eval/pass@1", "compute/flops"
 X_NAMES = {"compute": FLOPS, "steps": "step"}

@@ -41,8 +41,8 @@ from analysis.common import (  # noqa: E402
 )
 from gspo_study.archive import draw_notice  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
+from gspo_study.run import run_key  # noqa: E402
 from gspo_study.study import figure_configs, figure_spec, parse_seeds  # noqa: E402
-from gspo_study.tracking import run_key  # noqa: E402
 
 # The paper's reported values (GSPO paper, arXiv 2507.18071): Figure 2 and §5.3.
 PAPER_CLIP_FRAC = {"gspo": 0.15, "grpo_r2": 0.0013}  # average fraction of clipped tokens, GSPO vs GRPO

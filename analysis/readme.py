@@ -89,8 +89,8 @@ def _vector(flags: str) -> str:
 def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]:
     """Per figure: its shipped runs, their median wall time (minutes, start to end as MLflow recorded it) and the
     CPU they were drawn on (the vector extensions its `provenance.cpu_flags` name)."""
+    from gspo_study.run import run_key
     from gspo_study.study import figure_configs, figures, parse_seeds
-    from gspo_study.tracking import run_key
 
     runs = pd.read_parquet(results / "study-runs.parquet")
     tags = runs.tags.map(dict)

@@ -31,8 +31,9 @@ from analysis.common import CONFIDENCE, PASS1, REWARD, Study, label, load, log_o
 from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, lag_table, sweep_table  # noqa: E402
 from gspo_study.archive import draw_notice  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
+from gspo_study.run import run_key, sqlite_path  # noqa: E402
 from gspo_study.study import figure_configs, parse_seeds, run_config  # noqa: E402
-from gspo_study.tracking import git_commit, run_key, sqlite_path  # noqa: E402
+from gspo_study.tracking import git_commit  # noqa: E402
 
 MARGIN = 0.05  # δ: the smallest gap in pass@1 or reward a difference row tests for; the no-harm rows' margin
 WITHIN = 3.0  # a magnitude claim ("~value") reproduces when our interval lies within [value/3, value·3]

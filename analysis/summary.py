@@ -20,8 +20,8 @@ if __package__ in (None, ""):  # run as a script: make `analysis` importable
 from analysis.common import PASS1, REWARD, load, mean_ci  # noqa: E402
 from analysis.report import final_pass, gain, training_mean  # noqa: E402
 from gspo_study.config import ConfigError, load_config  # noqa: E402
+from gspo_study.run import run_key  # noqa: E402
 from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base  # noqa: E402
-from gspo_study.tracking import run_key  # noqa: E402
 
 AVERAGED = {"routing volatility": "moe/routing_volatility/overall", "clip fraction": "policy/clip_frac/token"}
 

@@ -53,6 +53,7 @@ def main() -> int:
     os.environ["TQDM_DISABLE"] = "1"
     from gspo_study import trainer
     from gspo_study.config import load_config
+    from gspo_study.run import resolve
 
     tmp = tempfile.mkdtemp()
     cfg = load_config(
@@ -65,7 +66,7 @@ def main() -> int:
             f"threads={args.threads}",
         ],
     )
-    ctx = trainer.setup(cfg)
+    ctx = trainer.setup(resolve(cfg))
     original = trainer.telemetry
     seen: dict = {}
 

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gspo_study.models import build_char_tokenizer, build_model  # noqa: E402
+from gspo_study.run import run_key  # noqa: E402
 from gspo_study.study import figure_configs, figures, parse_seeds  # noqa: E402
 from gspo_study.tasks import get_task  # noqa: E402
-from gspo_study.tracking import run_key  # noqa: E402
 from gspo_study.train.memory import GIB, Shapes, estimate, longest_prompt  # noqa: E402
 
 SECONDS_PER_STEP = 1.5  # assumed: one RL step of the gpu base (64 prompts × 8, 40 new tokens) on one H200

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gspo_study.config import Config, ConfigError, load_config
-from gspo_study.tracking import _connect, _retry, _tracked, all_finished, find_run, run_key, tracking_uri, variant  # noqa: F401
+from gspo_study.run import resolve, run_key, tracking_uri
+from gspo_study.tracking import _connect, _retry, _tracked, find_run
 
 ARCHIVE = "study-runs.parquet"
 SOURCE = "archive.source_run_id"  # the id of the run as shipped (an imported run's copy gets a new id)
@@ -113,15 +114,16 @@ def export_study(
     cache: dict = {}
     rows, missing = [], []
     for name, cfg in study_configs(scale, seeds, overrides, figures):
-        client, run = _tracked(cfg, cache)
+        me = resolve(cfg)
+        client, run = _tracked(me, cache)
         if run is None or run.info.status != "FINISHED":
-            missing.append(f"{name} seed {cfg.seed} {variant(cfg)}".strip())
+            missing.append(f"{name} seed {cfg.seed} {me.variant}".strip())
             continue
         rows.append(_row(client, run))
     if missing and not partial:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ConfigError(
-            f"export-study: {len(missing)} run(s) of scale {scale!r} not finished in {tracking_uri(cfg)}: {shown}; "
+            f"export-study: {len(missing)} run(s) of scale {scale!r} not finished in {me.store}: {shown}; "
             f"train them first (make reproduce-figure-N SCALE={scale}), or ship the finished ones (--partial)"
         )
     path = Path(out) if out else archive_path(scale, overrides)

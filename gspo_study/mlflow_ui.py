@@ -47,8 +47,8 @@ def tag_figures(client, exp_id: str, scale: str) -> list[int]:
     """Tag every training run of the experiment with the figures of `scale` that use it (`figures` = `,1,3,`),
     matched by run name (`tracking.run_name`: run file, seed and what sets the run apart, so a store trained with
     its own cold start or results dir matches too); returns the figures that have a run here."""
+    from gspo_study.run import run_name
     from gspo_study.study import figure_configs, figures, parse_seeds
-    from gspo_study.tracking import run_name
 
     uses: dict[str, set[int]] = {}
     for name in figures():

@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gspo_study.config import Config, coldstart_name
+from gspo_study.config import Config
 from gspo_study.evaluate import sampled_pass1
 from gspo_study.models import finish_interrupted_save, save_pretrained
 from gspo_study.models.checkpoint import is_complete
 from gspo_study.rollout.base import teacher_forced_batch
+from gspo_study.run import MIN_FREE_BYTES, RunSetup, lock_file, probe_directory, require_model_path, resolve
 from gspo_study.runtime import load_policy, seed_everything
 from gspo_study.tasks import TaskDataError, get_task
 from gspo_study.train.forward import token_logprobs
@@ -48,19 +49,13 @@ def sft_loss(model, batch) -> torch.Tensor:
     return -torch.where(mask, logprobs, torch.zeros_like(logprobs)).sum() / mask.sum().clamp(min=1)
 
 
-def checkpoint_dir(cfg: Config, name: str | None = None) -> Path:
-    return cfg.out_dir / "checkpoints" / (name or coldstart_name(cfg))
-
-
 @contextlib.contextmanager
-def coldstart_lock(cfg: Config):
-    """Held while this process makes `checkpoint_dir(cfg)`; waits for another holder (a cold start takes
+def coldstart_lock(run: RunSetup):
+    """Held while this process makes the cold start `run.coldstart`; waits for another holder (a cold start takes
     minutes), saying so once."""
     from filelock import FileLock, Timeout
 
-    from gspo_study.train.checkpointing import lock_file
-
-    out = checkpoint_dir(cfg)
+    out = run.coldstart
     lock = FileLock(lock_file(f"coldstart:{out.resolve()}"))
     try:
         lock.acquire(timeout=0)
@@ -76,39 +71,41 @@ def coldstart_lock(cfg: Config):
 
 def run_sft(cfg: Config) -> Path:
     """Train the cold-start model and return its checkpoint directory (replacing one already there)."""
-    _preflight(cfg)
-    with coldstart_lock(cfg):
-        return _train(cfg)
+    run = resolve(cfg)
+    _preflight(run)
+    with coldstart_lock(run):
+        return _train(run)
 
 
 def ensure_trained(cfg: Config) -> Path:
     """The cold start `cfg` describes, trained first if it is missing — once, whatever the number of processes
     asking at the same time: the others wait for it and reuse it."""
-    out = checkpoint_dir(cfg)
-    if is_complete(out):
-        return out
-    _preflight(cfg)
-    with coldstart_lock(cfg):
-        if not is_complete(out):
-            print(f"cold-start checkpoint {out} missing: training it", flush=True)
-            _train(cfg)
-    return out
+    run = resolve(cfg)
+    if is_complete(run.coldstart):
+        return run.coldstart
+    _preflight(run)
+    with coldstart_lock(run):
+        if not is_complete(run.coldstart):
+            print(f"cold-start checkpoint {run.coldstart} missing: training it", flush=True)
+            _train(run)
+    return run.coldstart
 
 
-def _preflight(cfg: Config) -> None:
+def _preflight(run: RunSetup) -> None:
     """Before minutes of training: the checkpoint can be written, and the task has SFT targets."""
     from gspo_study.runtime import training_device
-    from gspo_study.train.checkpointing import MIN_FREE_BYTES, probe_directory, require_model_path
 
+    cfg = run.cfg
     training_device(cfg)  # a CUDA device torch does not see
     require_model_path(cfg)
-    probe_directory(checkpoint_dir(cfg).parent, MIN_FREE_BYTES, "results_dir", cfg.results_dir)
+    probe_directory(run.coldstart.parent, MIN_FREE_BYTES, "results_dir", cfg.results_dir)
     task = get_task(cfg.task)
     if any(task.sft_target(p) is None for p in task.sample_train(1, random.Random(cfg.seed))):
         raise TaskDataError(f"task {task.name!r} has no SFT targets (its records need a 'solution' field)")
 
 
-def _train(cfg: Config) -> Path:
+def _train(run: RunSetup) -> Path:
+    cfg = run.cfg
     seed_everything(cfg.seed, cfg.threads)
     task = get_task(cfg.task)
     model, tokenizer = load_policy(cfg, path=cfg.model.path)
@@ -150,7 +147,7 @@ def _train(cfg: Config) -> Path:
             model.train()
             if log[-1]["pass@1"] >= target:
                 break
-    out = checkpoint_dir(cfg)
+    out = run.coldstart
     meta = {
         "steps": len(log),
         "seed": cfg.seed,

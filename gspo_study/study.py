@@ -134,22 +134,25 @@ def run_figure(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] 
         raise ConfigError(f"bad JOBS {jobs!r}; allowed: a positive integer (runs trained at once)")
     code = code_digest()  # each worker imports the package afresh: it must be the code the sweep started with
     configs = figure_configs(figure, scale, seeds, overrides)
+    from gspo_study.run import resolve
     from gspo_study.tracking import all_finished
 
-    if all_finished([cfg for _, cfg in configs]):  # e.g. imported (`make import-study`): no cold start needed
+    runs = [resolve(cfg) for _, cfg in configs]
+    if all_finished(runs):  # e.g. imported (`make import-study`): no cold start needed
         print(f"== figure {figure}: all {len(configs)} runs already finished; nothing to train")
         return [cfg for _, cfg in configs]
     labels = [f"{run} seed {seed} {' '.join(cell)}".strip() for cell, run, seed in _items(figure, scale, seeds)]
+    cold = [coldstart_overrides(run.cfg) if run.start == run.coldstart else None for run in runs]
     if jobs == 1:
         from gspo_study.trainer import train
 
-        for i, ((_, cfg), label) in enumerate(zip(configs, labels), 1):
+        for i, (run, model, label) in enumerate(zip(runs, cold, labels), 1):
             print(f"== figure {figure} [{i}/{len(configs)}]: {label}")
-            if not cfg.init_checkpoint:  # when first needed: a partial sweep makes progress
-                ensure_coldstart(scale, (*overrides, *coldstart_overrides(cfg)))
-            train(cfg)
+            if model is not None:  # when first needed: a partial sweep makes progress
+                ensure_coldstart(scale, (*overrides, *model))
+            train(run.cfg)
         return [cfg for _, cfg in configs]
-    for model in dict.fromkeys(coldstart_overrides(cfg) for _, cfg in configs if not cfg.init_checkpoint):
+    for model in dict.fromkeys(model for model in cold if model is not None):
         ensure_coldstart(scale, (*overrides, *model))
     threads = max(1, (configs[0][1].threads or os.cpu_count() or 1) // jobs)
     print(f"== figure {figure}: {len(configs)} runs, {jobs} at a time, {threads} thread(s) each")

@@ -1,10 +1,7 @@
-"""MLflow tracking: where runs live, what they are called, and how a killed run continues.
+"""MLflow tracking: opening a run's store, finding or creating its MLflow run, and how a killed run continues.
 
-- Store: `tracking.uri`, else `$MLFLOW_TRACKING_URI`, else `sqlite:///<results_dir>/mlflow.db`.
-- Experiment: `tracking.experiment` (one per study), run name from the config (`gspo-nr-s1`).
-- Identity: a run is keyed by a hash of its flattened config (minus fields that do not change results),
-  stored as tag `run_key`; the same config finds the same run, so sweeps skip finished runs and resume
-  unfinished ones.
+- Store, name and identity (tag `run_key`) come from the run's setup (`gspo_study.run.resolve`); the
+  experiment is `tracking.experiment` (one per study).
 - Resume without duplicates: every step's metrics go in one `log_batch` (one transaction); a resumed run
   first reads the last logged step and skips re-logging steps up to it (runs are deterministic, so the
   recomputed values equal the logged ones).
@@ -14,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -29,54 +24,11 @@ from typing import Any
 from filelock import FileLock
 
 from gspo_study import provenance
-from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, load_config, to_flat_dict
+from gspo_study.config import Config, ConfigError, to_flat_dict
+from gspo_study.run import RunSetup, sqlite_path
 
-# Fields that name or place a run but do not change its numbers.
-NON_IDENTITY = (
-    "tracking.",
-    "results_dir",
-    "threads",
-    "train.checkpoint_every",
-    "train.device",  # where the model runs, like threads (the run's provenance.device tag says which)
-    "rollout.vllm_gpu_memory_utilization",
-    "rollout.server.",  # where the vllm_server pool runs and how wide it is (gspo_study.config.ServerConfig)
-    "telemetry.",  # what the diagnostics read (gspo_study.config.TelemetryConfig): never a training number
-)
-# Knobs left out of `run_key` at these values, so that runs tracked before the knob counted keep their
-# identity (and are never re-trained): knobs added later, at their defaults, and `eval.batch_size`, at its
-# default — once thought not to change numbers, it does (evaluation draws its samples chunk by chunk from one
-# random stream), so any other value is a different run.
-LATER_KNOBS = {
-    "train.router_lr_scale": 1.0,
-    "sft.target_pass1": None,
-    "sft.check_every": 10,
-    "rollout.sharded": False,
-    "eval.batch_size": 256,
-    "rollout.policy_lag": 0,
-    "algo.hparams": {},
-    "algo.rollout_correction": "none",
-    "algo.rollout_correction_cap": 3.0,
-    "algo.rollout_correction_geo_cap": 1.01,
-    "algo.icepop_low": 0.5,
-    "algo.icepop_high": 2.0,
-    "sft.per_seed": False,
-}
-# Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
-# grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
-# on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).
-SAME_NUMBERS = {"model.experts_implementation": {"grouped_mm_index": "grouped_mm"}}
 # every logged step has one of these (step 0 only the evaluation): their last step is the resume point
 STEP_SENTINELS = ("rollout/reward/mean", "eval/pass@1")
-# what `run_name` already says, and where a run starts from (its fingerprint is a tag): not in `variant`
-IN_NAME = (
-    "seed",
-    "algo.objective",
-    "algo.routing_replay",
-    "rollout.dtype",
-    "algo.old_logprobs",
-    "algo.rollout_correction",
-    "init_checkpoint",
-)
 # MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).
 _MLFLOW_ESCAPES = (("@", "_at_"),)
 
@@ -93,98 +45,6 @@ def metric_name(key: str) -> str:
     for a, b in _MLFLOW_ESCAPES:
         key = key.replace(b, a)
     return key
-
-
-def tracking_uri(cfg: Config) -> str:
-    if cfg.tracking.uri:
-        return cfg.tracking.uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    path = Path(cfg.results_dir).resolve() / "mlflow.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
-
-
-def identity(cfg: Config) -> dict[str, Any]:
-    """Everything in the config that changes a run's numbers, flat."""
-    flat = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NON_IDENTITY)}
-    if cfg.seed == 1:  # seed 1's own cold start is the shared one (trained with seed 1): the same checkpoint
-        flat["sft.per_seed"] = LATER_KNOBS["sft.per_seed"]
-    flat = {k: v for k, v in flat.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
-    return {k: SAME_NUMBERS[k].get(v, v) if k in SAME_NUMBERS else v for k, v in flat.items()}
-
-
-def run_key(cfg: Config) -> str:
-    """12 hex digits of the hash of `identity(cfg)`."""
-    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def variant(cfg: Config) -> str:
-    """What sets a run apart from its scale's base config beyond what `run_name` says, e.g.
-    `model.num_hidden_layers=16 train.lr=4e-05` for a figure-8 cell: added to the MLflow run name and tagged
-    `variant`, so that runs of a sweep or an ablation sharing a name (`gspo-nr-s1`) tell apart."""
-    from gspo_study.paths import scale_base
-
-    try:
-        base = identity(load_config(scale_base(cfg.scale)))
-    except ConfigError:  # a scale without experiments/<scale>/base.yaml
-        return ""
-    mine = identity(cfg)
-    keys = sorted(k for k in mine.keys() | base.keys() if k not in IN_NAME and mine.get(k) != base.get(k))
-    return " ".join(f"{k}={_effective(cfg, k, mine.get(k))}" for k in keys)
-
-
-def _effective(cfg: Config, key: str, value: Any) -> Any:
-    """A preset override left unset (None) shown as the preset's own value."""
-    field = key.removeprefix("model.")
-    if value is None and field in PRESET_OVERRIDES and cfg.model.path is None:
-        from gspo_study.models import PRESETS
-
-        return PRESETS[cfg.model.preset][field]
-    return value
-
-
-@dataclass(frozen=True)
-class RunIdentity:
-    """Who a run is, computed once per config (`run_identity`): every part of the suite that names, finds or
-    stores a run reads these fields."""
-
-    key: str  # `run_key`: the hash of what changes the run's numbers (MLflow tag run_key)
-    name: str  # `run_name`, e.g. gspo-nr-s1
-    variant: str  # `variant`: what sets it apart from its scale's base, e.g. "train.lr=4e-05"
-    dir: Path  # <results>/<scale>/runs/<name>-<key>; an existing directory with the key wins (a renamed run)
-
-
-_IDENTITIES: dict[str, RunIdentity] = {}
-
-
-def run_identity(cfg: Config) -> RunIdentity:
-    """The run's identity, computed once per distinct config in a process (the run directory is looked up
-    on disk the first time)."""
-    whole = json.dumps(to_flat_dict(cfg), sort_keys=True, default=str)
-    if whole not in _IDENTITIES:
-        key, name = run_key(cfg), run_name(cfg)
-        runs = cfg.out_dir / "runs"
-        existing = sorted(runs.glob(f"*-{key}")) if runs.is_dir() else []
-        where = existing[0] if existing else runs / f"{name}-{key}"
-        _IDENTITIES[whole] = RunIdentity(key, name, variant(cfg), where)
-    return _IDENTITIES[whole]
-
-
-def run_name(cfg: Config) -> str:
-    """`<objective>-<replay>-s<seed>`, e.g. `gspo-nr-s1`, `grpo-r2-s3` (override with tracking.run_name)."""
-    if cfg.tracking.run_name:
-        return cfg.tracking.run_name
-    from gspo_study.moe.modes import REPLAY_MODES
-
-    parts = [cfg.algo.objective.replace("_", "-"), REPLAY_MODES[cfg.algo.routing_replay].abbrev]
-    if cfg.rollout.dtype != "float32":
-        parts.append(cfg.rollout.dtype.replace("bfloat16", "bf16"))
-    if cfg.algo.old_logprobs == "rollout":
-        parts.append("rolloutlp")
-    if cfg.algo.rollout_correction != "none":  # e.g. grpo-r2-bf16-token-truncate-s1
-        parts.append(cfg.algo.rollout_correction.replace("_", "-"))
-    return "-".join([*parts, f"s{cfg.seed}"])
 
 
 def _device_and_precision(model) -> tuple[str, str]:
@@ -225,11 +85,6 @@ def _client(uri: str):
 
     mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The file of a `sqlite:///<path>` store (as written, not resolved), or None for any other store."""
-    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
 def find_run(client, experiment_id: str, key: str):
@@ -426,25 +281,22 @@ def _retry(fn, *args, attempts: int = 8, **kwargs):
             time.sleep(0.05 * 2**i)
 
 
-def _store(cfg: Config, cache: dict) -> tuple[Any, str]:
-    where = (tracking_uri(cfg), cfg.tracking.experiment)
+def _tracked(run: RunSetup, cache: dict):
+    """(client, the run's MLflow run or None); one connection per (store, experiment) in `cache`."""
+    where = (run.store, run.experiment)
     if where not in cache:
         cache[where] = _connect(*where)
-    return cache[where]
+    client, exp_id = cache[where]
+    return client, find_run(client, exp_id, run.key)
 
 
-def _tracked(cfg: Config, cache: dict):
-    client, exp_id = _store(cfg, cache)
-    return client, find_run(client, exp_id, run_key(cfg))
-
-
-def all_finished(configs: list[Config]) -> bool:
-    """Whether every config has a FINISHED tracked run (e.g. imported ones): then a sweep has nothing to train,
-    and needs no cold start either."""
+def all_finished(runs: list[RunSetup]) -> bool:
+    """Whether every run has a FINISHED MLflow run (e.g. imported ones): then a sweep has nothing to train, and
+    needs no cold start either."""
     cache: dict = {}
-    for cfg in configs:
-        _, run = _tracked(cfg, cache)
-        if run is None or run.info.status != "FINISHED":
+    for run in runs:
+        _, tracked = _tracked(run, cache)
+        if tracked is None or tracked.info.status != "FINISHED":
             return False
     return True
 
@@ -459,18 +311,16 @@ class Tracker:
     logged_upto: int  # highest step already in the store (resume skips up to it)
 
     @classmethod
-    def open(cls, cfg: Config, create: bool = True, origin: str = "", model=None) -> Tracker | None:
+    def open(cls, run: RunSetup, create: bool = True, origin: str = "", model=None) -> Tracker | None:
         """This config's run (resume), else a new one — or None when `create` is False. `origin` is the
         fingerprint of the checkpoint the run starts from: a tracked run that started from another one (the
         cold start was retrained since) is not silently resumed or reused (ConfigError). `model`: the run's
         model, whose device and precision a new run's provenance tags record."""
-        uri = tracking_uri(cfg)
-        client, exp_id = _connect(uri, cfg.tracking.experiment)
-        me = run_identity(cfg)
-        run = find_run(client, exp_id, me.key)
-        if run is not None:
-            return cls._resume(client, exp_id, run, origin, uri)
-        return cls._create(client, exp_id, cfg, me, origin, model) if create else None
+        client, exp_id = _connect(run.store, run.experiment)
+        tracked = find_run(client, exp_id, run.key)
+        if tracked is not None:
+            return cls._resume(client, exp_id, tracked, origin, run.store)
+        return cls._create(client, exp_id, run, origin, model) if create else None
 
     @classmethod
     def _resume(cls, client, exp_id: str, run, origin: str, uri: str) -> Tracker:
@@ -490,16 +340,17 @@ class Tracker:
         return cls(client, run.info.run_id, exp_id, upto)
 
     @classmethod
-    def _create(cls, client, exp_id: str, cfg: Config, me: RunIdentity, origin: str, model) -> Tracker:
+    def _create(cls, client, exp_id: str, me: RunSetup, origin: str, model) -> Tracker:
         """A new run: its tags (identity, provenance, the checkpoint it starts from) and its params."""
-        tags = {**cls._tags(cfg, me, model), **({"init_fingerprint": origin} if origin else {})}
-        shown = me.name if cfg.tracking.run_name else " ".join(filter(None, [me.name, me.variant]))
+        tags = {**cls._tags(me, model), **({"init_fingerprint": origin} if origin else {})}
+        shown = me.name if me.cfg.tracking.run_name else " ".join(filter(None, [me.name, me.variant]))
         run = _retry(client.create_run, exp_id, run_name=shown, tags=tags)
-        cls._log_params(client, run.info.run_id, cfg)
+        cls._log_params(client, run.info.run_id, me.cfg)
         return cls(client, run.info.run_id, exp_id, -1)
 
     @staticmethod
-    def _tags(cfg: Config, me: RunIdentity, model=None) -> dict[str, str]:
+    def _tags(me: RunSetup, model=None) -> dict[str, str]:
+        cfg = me.cfg
         return {
             "run_key": me.key,
             "variant": me.variant,

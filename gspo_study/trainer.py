@@ -52,20 +52,11 @@ from gspo_study.objectives import combine_metrics, get_objective, group_advantag
 from gspo_study.objectives.correction import correction_weights
 from gspo_study.rollout import RolloutBatch, make_engine
 from gspo_study.rollout.base import RolloutEngine, merge_batches
+from gspo_study.run import RunSetup, require_model_path, require_start, resolve, run_lock
 from gspo_study.runtime import training_device
 from gspo_study.tasks import get_task
-from gspo_study.tracking import NullTracker, Tracker, tracking_uri
-from gspo_study.train.checkpointing import (
-    RunState,
-    init_checkpoint,
-    load_run_checkpoint,
-    require_model_path,
-    require_start,
-    run_dir,
-    run_lock,
-    save_run_checkpoint,
-    settle_interrupted_save,
-)
+from gspo_study.tracking import NullTracker, Tracker
+from gspo_study.train.checkpointing import RunState, load_run_checkpoint, save_run_checkpoint, settle_interrupted_save
 from gspo_study.train.dist import gather, init_distributed
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.lag import SNAPSHOTS, PolicyLag
@@ -81,6 +72,7 @@ def derive_seed(seed: int, step: int, purpose: str) -> int:
 class Context:
     """Everything a step needs; built once per run."""
 
+    run: RunSetup
     cfg: Config
     model: object
     tokenizer: object
@@ -507,14 +499,15 @@ def eval_metrics(ctx: Context) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ loop
-def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None = None) -> Context:
+def setup(run: RunSetup, mlflow_run_id: str | None = None, logged_upto: int | None = None) -> Context:
     """Build everything a run needs; every bad input fails here, before the run is tracked."""
+    cfg = run.cfg
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task)
     task.eval_problems(cfg.eval.num_prompts)  # a task with fewer held-out problems fails here, not at step 0
-    model, tokenizer, state, optim_state = load_run_checkpoint(cfg, mlflow_run_id, logged_upto)
+    model, tokenizer, state, optim_state = load_run_checkpoint(run, mlflow_run_id, logged_upto)
     prompt_tokens = longest_prompt(task, tokenizer, cfg.eval.num_prompts)
     check_positions(cfg, model, prompt_tokens)  # prompt + response within the model's positions
     check_step_fits(cfg, model, prompt_tokens)  # before the run is tracked: a step that cannot fit is refused
@@ -526,7 +519,7 @@ def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None
     rank, world, backend = make_backend(cfg, model)
     if backend.sharded and state.step > 0:  # deepspeed: every rank reads its ZeRO partition
         if state.zero_tag:
-            backend.load_sharded(run_dir(cfg) / "zero", state.zero_tag)
+            backend.load_sharded(run.dir / "zero", state.zero_tag)
         else:
             backend.load_state_dict(None)  # a checkpoint from before ZeRO state was saved: fresh optimizer
     elif optim_state is not None:
@@ -535,7 +528,7 @@ def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None
     r = cfg.rollout
     lag = None
     if r.policy_lag:  # a resumed run takes the stale weights its checkpoint kept
-        saved = PolicyLag.load(run_dir(cfg) / "checkpoint" / SNAPSHOTS) if state.step > 0 else []
+        saved = PolicyLag.load(run.checkpoint / SNAPSHOTS) if state.step > 0 else []
         lag = PolicyLag(model, r.policy_lag, saved)
     behaviour = model if lag is None else lag.model
     engine = make_engine(
@@ -545,9 +538,10 @@ def setup(cfg: Config, mlflow_run_id: str | None = None, logged_upto: int | None
         r.dtype,
         r.vllm_gpu_memory_utilization,
         r.server,
-        run_dir(cfg) / "server-weights",
+        run.dir / "server-weights",
     )
     return Context(
+        run=run,
         cfg=cfg,
         model=model,
         tokenizer=tokenizer,
@@ -626,28 +620,39 @@ def _due(step: int, every: int, last: int) -> bool:
 def train(cfg: Config) -> dict[str, float]:
     """Run (or resume, or skip if finished) the run this config describes; returns the last metrics. One
     process at a time per run (`run_lock`)."""
-    with run_lock(cfg), stop_on_sigterm() as asked:
-        return _train(cfg, asked)
+    run = resolve(cfg)
+    with run_lock(run), stop_on_sigterm() as asked:
+        ctx = open_run(run)
+        return {} if ctx is None else loop(ctx, asked)
 
 
-def _train(cfg: Config, asked=lambda: False) -> dict[str, float]:
+def open_run(run: RunSetup) -> Context | None:
+    """The run ready for its next step: what a killed save left settled, its start checked, its MLflow run found
+    or created, everything a step needs built. None when its MLflow run has already finished."""
+    cfg = run.cfg
     training_device(cfg)  # a CUDA device torch does not see is refused before anything is written
-    settle_interrupted_save(cfg)
+    settle_interrupted_save(run)
     require_model_path(cfg)
-    start = init_checkpoint(cfg)
-    if not (run_dir(cfg) / "checkpoint").exists():
-        require_start(cfg)  # before the store is opened: a missing cold start writes nothing
-    origin = fingerprint(start) if start.is_dir() else ""
+    if not run.checkpoint.exists():
+        require_start(run)  # before the store is opened: a missing cold start writes nothing
+    origin = fingerprint(run.start) if run.start.is_dir() else ""
     # Every rank finds the run (its id names the checkpoint to resume); rank 0 creates it if there is none.
-    tracker = Tracker.open(cfg, create=False, origin=origin)
+    tracker = Tracker.open(run, create=False, origin=origin)
     if tracker is not None and tracker.finished():
-        print(f"run {tracker.run_id} ({run_dir(cfg).name}) already finished; skipping")
-        return {}
-    ctx = setup(cfg, *((tracker.run_id, tracker.logged_upto) if tracker is not None else (None, None)))
+        print(f"run {tracker.run_id} ({run.dir.name}) already finished; skipping")
+        return None
+    ctx = setup(run, *((tracker.run_id, tracker.logged_upto) if tracker is not None else (None, None)))
     if ctx.rank == 0 and tracker is not None:  # resuming
         tracker.log_missing_params(cfg)
-    opened = (tracker or Tracker.open(cfg, origin=origin, model=ctx.model)) if ctx.rank == 0 else None
-    ctx.tracker = tracker = opened or NullTracker()
+    opened = (tracker or Tracker.open(run, origin=origin, model=ctx.model)) if ctx.rank == 0 else None
+    ctx.tracker = opened or NullTracker()
+    return ctx
+
+
+def loop(ctx: Context, asked=lambda: False) -> dict[str, float]:
+    """The run's steps from the one after its checkpoint to `train.steps`: each logged, checkpointed when due, and
+    stopped at the next safe point when `asked` says a SIGTERM came."""
+    cfg, run, tracker = ctx.cfg, ctx.run, ctx.tracker
     metrics: dict[str, float] = {}
     try:
         if ctx.state.step == 0:
@@ -655,7 +660,7 @@ def _train(cfg: Config, asked=lambda: False) -> dict[str, float]:
             _fault_injection(0)
         bar = tqdm(
             range(ctx.state.step + 1, cfg.train.steps + 1),
-            desc=run_dir(cfg).name,
+            desc=run.dir.name,
             dynamic_ncols=True,
             initial=ctx.state.step,
             total=cfg.train.steps,
@@ -676,7 +681,7 @@ def _train(cfg: Config, asked=lambda: False) -> dict[str, float]:
                 if not saved:
                     save_run_checkpoint(ctx)
                 raise Terminated(
-                    f"SIGTERM: {run_dir(cfg).name} stopped after step {step} of {cfg.train.steps}, checkpointed, "
+                    f"SIGTERM: {run.dir.name} stopped after step {step} of {cfg.train.steps}, checkpointed, "
                     "marked KILLED; rerun the same command to resume"
                 )
             bar.set_postfix(
@@ -691,7 +696,7 @@ def _train(cfg: Config, asked=lambda: False) -> dict[str, float]:
     tracker.set_status("FINISHED")
     if ctx.rank == 0 and "eval/pass@1" in metrics:
         print(
-            f"{run_dir(cfg).name}: step {ctx.state.step}, held-out pass@1 {metrics['eval/pass@1']:.3f}; "
-            f"MLflow run {tracker.run_id} in {tracking_uri(cfg)}"
+            f"{run.dir.name}: step {ctx.state.step}, held-out pass@1 {metrics['eval/pass@1']:.3f}; "
+            f"MLflow run {tracker.run_id} in {run.store}"
         )
     return metrics

@@ -105,7 +105,7 @@ def test_later_knobs_at_their_default_keep_run_identity():
     """A knob added after runs were tracked is part of a run's identity only away from its default, and a
     preset override equal to the preset is no override (same run, same cold start)."""
     from gspo_study.config import coldstart_name
-    from gspo_study.tracking import LATER_KNOBS, run_key
+    from gspo_study.run import LATER_KNOBS, run_key
 
     files = ["experiments/cpu/base.yaml", "experiments/runs/gspo.yaml"]
     base = load_config(files)
@@ -122,7 +122,7 @@ def test_later_knobs_at_their_default_keep_run_identity():
 
 
 def test_bit_identical_kernels_share_run_identity():
-    from gspo_study.tracking import run_key
+    from gspo_study.run import run_key
 
     files = ["experiments/cpu/base.yaml", "experiments/runs/gspo.yaml"]
     key = {

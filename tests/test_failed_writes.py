@@ -108,8 +108,8 @@ def test_checkpoint_write_fails_midway(smoke_results, tmp_path, disk):
 
 def test_cold_start_write_fails_midway(tmp_path, disk):
     from gspo_study.models.checkpoint import is_complete
+    from gspo_study.run import lock_file
     from gspo_study.sft import run_sft
-    from gspo_study.train.checkpointing import lock_file
 
     ref = run_sft(load_config(SMOKE, [f"results_dir={tmp_path / 'ref'}", "sft.steps=60"]))
     over = [f"results_dir={disk}", "sft.steps=60"]

@@ -21,8 +21,9 @@ sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an insta
 
 from analysis import figures, report  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
+from gspo_study.run import run_key  # noqa: E402
 from gspo_study.study import figure_configs, run_config, run_figure  # noqa: E402
-from gspo_study.tracking import mlflow_key, run_key  # noqa: E402
+from gspo_study.tracking import mlflow_key  # noqa: E402
 
 SEEDS = [1, 2]
 PAPER_VALUES = {0.15, 0.0013, 0.10}

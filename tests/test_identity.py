@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from gspo_study.config import load_config
+from gspo_study.run import run_key
 from gspo_study.study import EXPERIMENTS, _items, run_config
-from gspo_study.tracking import run_key
 
 GOLDEN = Path(__file__).parent / "golden" / "run_keys.json"
 
@@ -49,20 +49,24 @@ def test_golden_file_covers_every_figure_at_the_cpu_scale():
 
 
 def test_run_identity_is_computed_once_per_config(tmp_path):
-    """Name, key, variant and directory come from one place; the directory lookup runs once per config."""
-    from gspo_study.tracking import run_identity, run_name, variant
-    from gspo_study.train.checkpointing import run_dir
+    """Name, key, variant, directory, start and store come from one place (`resolve`); the identity and the
+    directory lookup are computed once per config."""
+    from gspo_study.run import resolve, run_name, variant
 
     cfg = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", "train.lr=3e-3"])
-    me = run_identity(cfg)
+    me = resolve(cfg)
     assert (me.key, me.name, me.variant) == (
         run_key(cfg),
         run_name(cfg),
         variant(cfg),
     ) and "train.lr" in me.variant
-    assert run_dir(cfg) == me.dir == tmp_path / "smoke" / "runs" / f"{me.name}-{me.key}"
-    assert run_identity(cfg) is me  # cached
+    assert me.dir == tmp_path / "smoke" / "runs" / f"{me.name}-{me.key}" and me.checkpoint == me.dir / "checkpoint"
+    assert me.start == me.coldstart == tmp_path / "smoke" / "checkpoints" / "coldstart"
+    assert me.store == f"sqlite:///{tmp_path.resolve()}/mlflow.db" and not (tmp_path / "smoke").exists()
+    assert resolve(cfg) == me  # the same record again
     renamed = tmp_path / "smoke" / "runs" / f"old-name-{me.key}"  # a run renamed since keeps its directory
     renamed.mkdir(parents=True)
     fresh = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", "train.lr=3e-3", "threads=2"])
-    assert run_identity(fresh).dir == renamed and run_identity(fresh).key == me.key
+    assert resolve(fresh).dir == renamed and resolve(fresh).key == me.key
+    elsewhere = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", f"init_checkpoint={tmp_path}"])
+    assert resolve(elsewhere).start == tmp_path and resolve(elsewhere).coldstart == me.coldstart

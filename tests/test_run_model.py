@@ -9,7 +9,7 @@ from mlflow import MlflowClient
 from gspo_study.config import ConfigError, coldstart_name, load_config
 from gspo_study.models import build_char_tokenizer, build_model, save_pretrained
 from gspo_study.models.checkpoint import fingerprint
-from gspo_study.tracking import run_key
+from gspo_study.run import run_key
 
 SMOKE = "experiments/smoke/base.yaml"
 

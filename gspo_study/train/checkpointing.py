@@ -8,27 +8,21 @@ checkpoint is skipped with a warning and the run restarts from its initial check
 
 from __future__ import annotations
 
-import contextlib
-import getpass
-import hashlib
 import json
 import math
-import os
 import shutil
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
-from filelock import FileLock, Timeout
 from omegaconf import OmegaConf
 
-from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError, coldstart_name
+from gspo_study.config import PRESET_OVERRIDES, Config, ConfigError
 from gspo_study.models import finish_interrupted_save, load_pretrained, save_pretrained
 from gspo_study.models.checkpoint import CheckpointError
+from gspo_study.run import RunSetup, require_start
 from gspo_study.runtime import DTYPES, place
-from gspo_study.tracking import run_identity, run_key, sqlite_path, tracking_uri
 from gspo_study.train.dist import init_distributed
 from gspo_study.train.lag import SNAPSHOTS
 
@@ -53,143 +47,14 @@ class RunState:
             self.nonfinite_total += 1
 
 
-def run_dir(cfg: Config) -> Path:
-    """`<results>/<scale>/runs/<run name>-<run key>`; a run renamed since (same key) keeps its directory."""
-    return run_identity(cfg).dir
-
-
-def store_identity(cfg: Config) -> str:
-    """Where the run's MLflow run lives: its store (a sqlite path resolved, so two spellings of one file are one
-    store), experiment and `run_key` — two processes with these equal would log into one MLflow run."""
-    uri = tracking_uri(cfg)
-    db = sqlite_path(uri)
-    uri = uri if db is None else f"sqlite:///{db.resolve()}"
-    return f"{uri}\n{cfg.tracking.experiment}\n{run_key(cfg)}"
-
-
-def lock_file(name: str) -> Path:
-    """`<temp dir>/gspo_study-locks-<user>/<hash of name>.lock`: where the suite's OS file locks live (outside
-    `results_dir`, which bad input must leave untouched)."""
-    locks = Path(tempfile.gettempdir()) / f"gspo_study-locks-{getpass.getuser()}"  # per user: no shared modes
-    locks.mkdir(exist_ok=True)
-    return locks / f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"
-
-
-def _exclusive(name: str, stack: contextlib.ExitStack, busy: str) -> None:
-    lock = FileLock(lock_file(name))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise ConfigError(f"{busy} (it holds {lock.lock_file}); wait for it to finish or stop it") from None
-    stack.callback(lock.release)
-
-
-@contextlib.contextmanager
-def run_lock(cfg: Config):
-    """Held while a process trains this run (rank 0 of a distributed job; the other ranks follow it): a second
-    process on the same run is refused instead of logging every step twice and overwriting its checkpoints.
-    Two OS file locks, so a killed process releases them: one on the run's identity in its MLflow store
-    (`store_identity`: the same run from two results dirs would log every step twice into one MLflow run), one
-    on its checkpoint directory (the same run into two stores would overwrite one checkpoint). The files are
-    in `<temp dir>/gspo_study-locks-<user>/`, named by hashes, because bad input must write nothing under
-    `results_dir`. Taking them, rank 0 first checks that it can write the results and the store
-    (`check_writable`): a read-only or full disk stops here, before the run is tracked."""
-    if int(os.environ.get("RANK", "0")) != 0:
-        yield
-        return
-    check_writable(cfg)
-    name = run_dir(cfg).name
-    with contextlib.ExitStack() as stack:
-        _exclusive(
-            "store:" + store_identity(cfg),
-            stack,
-            f"run {name} is being trained by another process into the same MLflow run (experiment "
-            f"{cfg.tracking.experiment!r} in {tracking_uri(cfg)})",
-        )
-        _exclusive(
-            f"dir:{cfg.out_dir.resolve()}:{run_key(cfg)}",
-            stack,
-            f"run {name} is being trained by another process into the same directory {run_dir(cfg)}",
-        )
-        yield
-
-
-MIN_FREE_BYTES = 64 << 20  # below this a checkpoint or a metric write can fail half-way
-
-
-def check_writable(cfg: Config) -> None:
-    """A one-line ConfigError unless the run can create files under `<results>/<scale>/runs` (the nearest
-    existing ancestor, probed with a real file: read-only, immutable and permission-less directories all fail
-    it) with room for three copies of its start checkpoint (its run checkpoint, a save's temporary copy and
-    the optimizer state) plus MIN_FREE_BYTES. The MLflow store is checked when it is opened
-    (`tracking._connect`)."""
-    target = cfg.out_dir / "runs"
-    start = init_checkpoint(cfg)
-    need = MIN_FREE_BYTES + 3 * sum(f.stat().st_size for f in start.rglob("*") if f.is_file())
-    probe_directory(target, need, "results_dir", cfg.results_dir)
-
-
-def probe_directory(target: Path, need: int, key: str, value: str) -> None:
-    """Raise ConfigError unless a file can be created in `target` (or its nearest existing ancestor, where
-    `target` would be created) and `need` bytes are free there."""
-    where = target
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    if not where.is_dir():
-        raise ConfigError(f"bad value {value!r} for '{key}': {where} is not a directory; allowed: a directory")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".gspo_study-probe-", dir=where)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise ConfigError(
-            f"bad value {value!r} for '{key}': cannot write in {where} ({exc.strerror}); allowed: a writable directory"
-        ) from None
-    free = shutil.disk_usage(where).free
-    if free < need:
-        raise ConfigError(
-            f"bad value {value!r} for '{key}': {where} has {free >> 20} MiB free, this needs {need >> 20} MiB; "
-            "allowed: a directory with room"
-        )
-
-
-def settle_interrupted_save(cfg: Config) -> None:
+def settle_interrupted_save(run: RunSetup) -> None:
     """Before anyone reads the run's checkpoint: rank 0, holding the run lock, finishes or clears what a killed
     save left (`finish_interrupted_save`); the other ranks of a DeepSpeed job wait for it at a barrier."""
-    rank, world = init_distributed() if cfg.train.backend == "deepspeed" else (0, 1)
+    rank, world = init_distributed() if run.cfg.train.backend == "deepspeed" else (0, 1)
     if rank == 0:
-        finish_interrupted_save(run_dir(cfg) / "checkpoint")
+        finish_interrupted_save(run.checkpoint)
     if world > 1:
         torch.distributed.barrier()
-
-
-def init_checkpoint(cfg: Config) -> Path:
-    return Path(cfg.init_checkpoint) if cfg.init_checkpoint else cfg.out_dir / "checkpoints" / coldstart_name(cfg)
-
-
-def require_model_path(cfg: Config) -> None:
-    """A `model.path` that is not a directory is a one-line error before anything is tracked or trained."""
-    path = cfg.model.path
-    if path is not None and not Path(path).expanduser().is_dir():
-        raise ConfigError(
-            f"bad value {path!r} for 'model.path': no such directory; allowed: a local Hugging Face Qwen3-MoE "
-            "checkpoint directory, or null (the preset, model.preset)"
-        )
-
-
-def require_start(cfg: Config) -> Path:
-    """The run's initial checkpoint; a one-line error naming the command that makes it when it is missing."""
-    start = init_checkpoint(cfg)
-    if not start.exists():
-        from gspo_study.config import coldstart_overrides
-
-        shape = " ".join(coldstart_overrides(cfg))
-        raise ConfigError(
-            f"initial checkpoint not found: {start}; run `make coldstart SCALE={cfg.scale}"
-            + (f" OVERRIDES='{shape}'" if shape else "")
-            + "` or set init_checkpoint"
-        )
-    return start
 
 
 def _load_model(cfg: Config, path: Path):
@@ -254,7 +119,7 @@ def _resume(cfg: Config, path: Path):
     return model, tokenizer, state, optim
 
 
-def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None, logged_upto: int | None = None):
+def load_run_checkpoint(run: RunSetup, mlflow_run_id: str | None, logged_upto: int | None = None):
     """(model, tokenizer, RunState, optimizer state or None): the run's last checkpoint, else its start.
 
     A checkpoint is resumed only by the MLflow run that wrote it (`mlflow_run_id`; None for a run not yet
@@ -263,10 +128,10 @@ def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None, logged_upto: int
     come from this run's history and is not resumed either (its steps would never be logged). A checkpoint
     that fails its manifest, holds non-finite weights or a malformed state is skipped as damaged.
     """
-    ckpt = run_dir(cfg) / "checkpoint"
+    ckpt = run.checkpoint
     if ckpt.exists():
         try:
-            model, tokenizer, state, optim = _resume(cfg, ckpt)
+            model, tokenizer, state, optim = _resume(run.cfg, ckpt)
             if state.mlflow_run_id != mlflow_run_id:
                 why = f"belongs to MLflow run {state.mlflow_run_id!r}, not to this store's run {mlflow_run_id!r}"
             elif logged_upto is not None and state.step > logged_upto:
@@ -281,15 +146,13 @@ def load_run_checkpoint(cfg: Config, mlflow_run_id: str | None, logged_upto: int
                 f"skipping unreadable checkpoint {ckpt} ({type(exc).__name__}: {exc}); starting over",
                 stacklevel=2,
             )
-    start = require_start(cfg)
-    model, tokenizer = _load_model(cfg, start)
+    model, tokenizer = _load_model(run.cfg, require_start(run))
     return model, tokenizer, RunState(), None
 
 
 def save_run_checkpoint(ctx) -> Path:
     """Rank 0 writes; under ZeRO-3 every rank first joins in gathering the full weights (layer by layer)."""
-    path = run_dir(ctx.cfg) / "checkpoint"
-    zero = run_dir(ctx.cfg) / "zero"
+    path, zero = ctx.run.checkpoint, ctx.run.dir / "zero"
     ctx.state.mlflow_run_id = ctx.tracker.run_id
     if hasattr(ctx.backend, "save_sharded"):  # every rank writes its ZeRO partition first, under a new tag
         ctx.state.zero_tag = f"step{ctx.state.step:08d}"
