@@ -37,11 +37,11 @@ def one(overrides: list[str]) -> dict:
     os.environ["TQDM_DISABLE"] = "1"
     from gspo_study import trainer
     from gspo_study.config import load_config
-    from gspo_study.run import resolve
+    from gspo_study.run import resolve_run
     from gspo_study.train.memory import Shapes, estimate, longest_prompt
 
     cfg = load_config(ROOT / "experiments" / "cpu" / "base.yaml", overrides)
-    ctx = trainer.setup(resolve(cfg))
+    ctx = trainer.setup(resolve_run(cfg))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     trainer.rl_step(ctx, 1)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

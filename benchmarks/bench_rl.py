@@ -250,10 +250,10 @@ def part_ours(args, name: str) -> dict:
     """(b) our RL step: `rl_step` timed as a whole, its phases timed by wrapping the trainer's functions."""
     _init_torch(args)
     from gspo_study import trainer
-    from gspo_study.run import resolve
+    from gspo_study.run import resolve_run
 
     objective, replay = OURS[name]
-    ctx = trainer.setup(resolve(_ours_config(args, objective, replay, name)))
+    ctx = trainer.setup(resolve_run(_ours_config(args, objective, replay, name)))
     phases: dict[str, float] = {}
     rss: dict[str, float] = {"after_setup": peak_rss_mb()}
     seen: dict[str, object] = {}
@@ -455,10 +455,10 @@ def part_replay(args) -> dict:
     from gspo_study import trainer
     from gspo_study.evaluate import score
     from gspo_study.objectives import group_advantages
-    from gspo_study.run import resolve
+    from gspo_study.run import resolve_run
     from gspo_study.train.forward import token_logprobs
 
-    ctx = trainer.setup(resolve(_ours_config(args, "grpo", "r2", "replay")))
+    ctx = trainer.setup(resolve_run(_ours_config(args, "grpo", "r2", "replay")))
     rss = {"after_setup": peak_rss_mb()}
     rows, batch = trainer.rollout(ctx, 1)
     rewards, _ = score(ctx.task, rows, batch)

@@ -53,7 +53,7 @@ def main() -> int:
     os.environ["TQDM_DISABLE"] = "1"
     from gspo_study import trainer
     from gspo_study.config import load_config
-    from gspo_study.run import resolve
+    from gspo_study.run import resolve_run
 
     tmp = tempfile.mkdtemp()
     cfg = load_config(
@@ -66,7 +66,7 @@ def main() -> int:
             f"threads={args.threads}",
         ],
     )
-    ctx = trainer.setup(resolve(cfg))
+    ctx = trainer.setup(resolve_run(cfg))
     original = trainer.telemetry
     seen: dict = {}
 

@@ -62,7 +62,7 @@ from gspo_study.moe import mismatch_metrics, record_routing, routing_volatility 
 from gspo_study.objectives import get_objective, group_advantages  # noqa: E402
 from gspo_study.rollout import HFEngine  # noqa: E402
 from gspo_study.rollout.base import teacher_forced_batch  # noqa: E402
-from gspo_study.run import resolve, run_key  # noqa: E402
+from gspo_study.run import resolve_run, run_key  # noqa: E402
 from gspo_study.runtime import autocast  # noqa: E402
 from gspo_study.sft import lr_lambda, sft_loss  # noqa: E402
 from gspo_study.tasks import get_task  # noqa: E402
@@ -306,7 +306,7 @@ def _context(run: str, state: dict):
     model.load_state_dict(state["weights"])
     t = cfg.train
     return Context(
-        run=resolve(cfg),
+        run=resolve_run(cfg),
         cfg=cfg,
         model=model,
         tokenizer=tok,
@@ -573,7 +573,7 @@ def part_suite(state: dict) -> dict:
     base, coldstart = "experiments/gpu/base.yaml", "experiments/gpu/coldstart.yaml"
     out = {"device": str(device), "overrides": common}
     _, out["sft_s"] = _suite(["sft", coldstart, *common, *sft], check.left())
-    ckpt = resolve(load([ROOT / coldstart], [*common, *sft])).coldstart
+    ckpt = resolve_run(load([ROOT / coldstart], [*common, *sft])).coldstart
     out["sft"] = json.loads((ckpt / "sft_log.json").read_text())["meta"]
     before = load_file(str(next(ckpt.glob("*.safetensors"))))
     client = MlflowClient(store)
@@ -587,7 +587,7 @@ def part_suite(state: dict) -> dict:
         signal = [
             m.value for m in client.get_metric_history(found.info.run_id, mlflow_key("rollout/zero_std_group_frac"))
         ]
-        after = load_file(str(next(resolve(cfg).checkpoint.glob("*.safetensors"))))
+        after = load_file(str(next(resolve_run(cfg).checkpoint.glob("*.safetensors"))))
         changed = sum(not torch.equal(before[k], after[k]) for k in before if k in after)
         steps = cfg.train.steps
         out[run] = {

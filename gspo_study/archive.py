@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gspo_study.config import Config, ConfigError, load_config
-from gspo_study.run import resolve, run_key, tracking_uri
+from gspo_study.run import resolve_run, run_key, tracking_uri
 from gspo_study.tracking import _connect, _retry, _tracked, find_run
 
 ARCHIVE = "study-runs.parquet"
@@ -114,7 +114,7 @@ def export_study(
     cache: dict = {}
     rows, missing = [], []
     for name, cfg in study_configs(scale, seeds, overrides, figures):
-        me = resolve(cfg)
+        me = resolve_run(cfg)
         client, run = _tracked(me, cache)
         if run is None or run.info.status != "FINISHED":
             missing.append(f"{name} seed {cfg.seed} {me.variant}".strip())

@@ -1,4 +1,4 @@
-"""A run resolved once from its config (`resolve` → `RunSetup`): who it is, where it lives, where it starts, where
+"""A run resolved once from its config (`resolve_run` → `RunSetup`): who it is, where it lives, where it starts, where
 it is tracked, and the lock one process holds while it trains it. The trainer, the cold-start SFT and the sweep
 read these fields instead of deriving them again.
 
@@ -13,6 +13,7 @@ read these fields instead of deriving them again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import hashlib
 import json
@@ -34,6 +35,8 @@ from gspo_study.config import (
     load_config,
     to_flat_dict,
 )
+from gspo_study.models.checkpoint import fingerprint
+from gspo_study.runtime import training_device
 
 # Fields that name or place a run but do not change its numbers.
 NON_IDENTITY = (
@@ -83,17 +86,17 @@ IN_NAME = (
 
 @dataclass(frozen=True)
 class RunSetup:
-    """A run resolved once (`resolve`): every part of the suite that names, finds, places, starts or stores a run
+    """A run resolved once (`resolve_run`): every part of the suite that names, finds, places, starts or stores a run
     reads these fields."""
 
     cfg: Config
     key: str  # `run_key`: the hash of what changes the run's numbers (MLflow tag run_key)
     name: str  # `run_name`, e.g. gspo-nr-s1
-    variant: str  # `variant`: what sets it apart from its scale's base, e.g. "train.lr=4e-05"
     dir: Path  # <results>/<scale>/runs/<name>-<key>; an existing directory with the key wins (a renamed run)
     coldstart: Path  # its model's cold start, <results>/<scale>/checkpoints/<coldstart_name> (what SFT writes)
     start: Path  # what RL starts from: init_checkpoint, else the cold start
     store: str  # the MLflow tracking URI
+    params: dict[str, Any]  # the whole config, flat (`to_flat_dict`): the MLflow run's params
 
     @property
     def checkpoint(self) -> Path:
@@ -103,23 +106,29 @@ class RunSetup:
     def experiment(self) -> str:
         return self.cfg.tracking.experiment
 
+    @functools.cached_property
+    def variant(self) -> str:
+        """`variant`: what sets the run apart from its scale's base, e.g. "train.lr=4e-05" (read when a new MLflow
+        run is named: it loads the base config)."""
+        return variant(self.cfg)
 
-_IDENTITIES: dict[str, tuple[str, str, str, Path]] = {}
+
+_DIRS: dict[str, Path] = {}
 
 
-def resolve(cfg: Config) -> RunSetup:
-    """The run's setup. Its identity is computed once per distinct config in a process (the run directory is
-    looked up on disk the first time); its store is read afresh (`$MLFLOW_TRACKING_URI` may change)."""
-    flat = to_flat_dict(cfg)
-    whole = json.dumps(flat, sort_keys=True, default=str)
-    if whole not in _IDENTITIES:
-        key, name = run_key(cfg), run_name(cfg)
+def resolve_run(cfg: Config) -> RunSetup:
+    """The run's setup. Its run directory is looked up on disk once per distinct config in a process (a run
+    renamed since keeps it); its store is read afresh (`$MLFLOW_TRACKING_URI` may change)."""
+    store, name, key = tracking_uri(cfg), run_name(cfg), run_key(cfg)
+    params = to_flat_dict(cfg)
+    whole = json.dumps(params, sort_keys=True, default=str)
+    if whole not in _DIRS:
         runs = cfg.out_dir / "runs"
         existing = sorted(runs.glob(f"*-{key}")) if runs.is_dir() else []
-        _IDENTITIES[whole] = key, name, variant(cfg), existing[0] if existing else runs / f"{name}-{key}"
+        _DIRS[whole] = existing[0] if existing else runs / f"{name}-{key}"
     coldstart = cfg.out_dir / "checkpoints" / coldstart_name(cfg)
     start = Path(cfg.init_checkpoint) if cfg.init_checkpoint else coldstart
-    return RunSetup(cfg, *_IDENTITIES[whole], coldstart, start, tracking_uri(cfg))
+    return RunSetup(cfg, key, name, _DIRS[whole], coldstart, start, store, params)
 
 
 def tracking_uri(cfg: Config) -> str:
@@ -292,6 +301,17 @@ def require_model_path(cfg: Config) -> None:
             f"bad value {path!r} for 'model.path': no such directory; allowed: a local Hugging Face Qwen3-MoE "
             "checkpoint directory, or null (the preset, model.preset)"
         )
+
+
+def check_start(run: RunSetup) -> str:
+    """Before the run is tracked: its model path, its start (unless it has a checkpoint to resume) and its device
+    are refused in one line when they cannot work. Returns the start's fingerprint ("" for a start that is not a
+    directory): a tracked run that started from another checkpoint is not silently resumed."""
+    require_model_path(run.cfg)
+    if not run.checkpoint.exists():
+        require_start(run)  # a missing cold start writes nothing
+    training_device(run.cfg)  # a CUDA device torch does not see
+    return fingerprint(run.start) if run.start.is_dir() else ""
 
 
 def require_start(run: RunSetup) -> Path:

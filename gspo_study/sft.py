@@ -27,7 +27,7 @@ from gspo_study.evaluate import sampled_pass1
 from gspo_study.models import finish_interrupted_save, save_pretrained
 from gspo_study.models.checkpoint import is_complete
 from gspo_study.rollout.base import teacher_forced_batch
-from gspo_study.run import MIN_FREE_BYTES, RunSetup, lock_file, probe_directory, require_model_path, resolve
+from gspo_study.run import MIN_FREE_BYTES, RunSetup, lock_file, probe_directory, require_model_path, resolve_run
 from gspo_study.runtime import load_policy, seed_everything
 from gspo_study.tasks import TaskDataError, get_task
 from gspo_study.train.forward import token_logprobs
@@ -71,7 +71,7 @@ def coldstart_lock(run: RunSetup):
 
 def run_sft(cfg: Config) -> Path:
     """Train the cold-start model and return its checkpoint directory (replacing one already there)."""
-    run = resolve(cfg)
+    run = resolve_run(cfg)
     _preflight(run)
     with coldstart_lock(run):
         return _train(run)
@@ -80,7 +80,7 @@ def run_sft(cfg: Config) -> Path:
 def ensure_trained(cfg: Config) -> Path:
     """The cold start `cfg` describes, trained first if it is missing — once, whatever the number of processes
     asking at the same time: the others wait for it and reuse it."""
-    run = resolve(cfg)
+    run = resolve_run(cfg)
     if is_complete(run.coldstart):
         return run.coldstart
     _preflight(run)

@@ -134,10 +134,10 @@ def run_figure(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] 
         raise ConfigError(f"bad JOBS {jobs!r}; allowed: a positive integer (runs trained at once)")
     code = code_digest()  # each worker imports the package afresh: it must be the code the sweep started with
     configs = figure_configs(figure, scale, seeds, overrides)
-    from gspo_study.run import resolve
+    from gspo_study.run import resolve_run
     from gspo_study.tracking import all_finished
 
-    runs = [resolve(cfg) for _, cfg in configs]
+    runs = [resolve_run(cfg) for _, cfg in configs]
     if all_finished(runs):  # e.g. imported (`make import-study`): no cold start needed
         print(f"== figure {figure}: all {len(configs)} runs already finished; nothing to train")
         return [cfg for _, cfg in configs]

@@ -1,6 +1,6 @@
 """MLflow tracking: opening a run's store, finding or creating its MLflow run, and how a killed run continues.
 
-- Store, name and identity (tag `run_key`) come from the run's setup (`gspo_study.run.resolve`); the
+- Store, name and identity (tag `run_key`) come from the run's setup (`gspo_study.run.resolve_run`); the
   experiment is `tracking.experiment` (one per study).
 - Resume without duplicates: every step's metrics go in one `log_batch` (one transaction); a resumed run
   first reads the last logged step and skips re-logging steps up to it (runs are deterministic, so the
@@ -24,7 +24,7 @@ from typing import Any
 from filelock import FileLock
 
 from gspo_study import provenance
-from gspo_study.config import Config, ConfigError, to_flat_dict
+from gspo_study.config import ConfigError
 from gspo_study.run import RunSetup, sqlite_path
 
 # every logged step has one of these (step 0 only the evaluation): their last step is the resume point
@@ -345,7 +345,7 @@ class Tracker:
         tags = {**cls._tags(me, model), **({"init_fingerprint": origin} if origin else {})}
         shown = me.name if me.cfg.tracking.run_name else " ".join(filter(None, [me.name, me.variant]))
         run = _retry(client.create_run, exp_id, run_name=shown, tags=tags)
-        cls._log_params(client, run.info.run_id, me.cfg)
+        cls._log_params(client, run.info.run_id, me.params)
         return cls(client, run.info.run_id, exp_id, -1)
 
     @staticmethod
@@ -367,17 +367,18 @@ class Tracker:
         }
 
     @staticmethod
-    def _log_params(client, run_id: str, cfg: Config, skip=frozenset()) -> None:
+    def _log_params(client, run_id: str, flat: dict[str, Any], skip=frozenset()) -> None:
         from mlflow.entities import Param
 
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(to_flat_dict(cfg).items()) if k not in skip]
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items()) if k not in skip]
         for i in range(0, len(params), 100):
             _retry(client.log_batch, run_id, params=params[i : i + 100])
 
-    def log_missing_params(self, cfg: Config) -> None:
+    def log_missing_params(self, run: RunSetup) -> None:
         """A run killed between its creation and its params gets them on resume — only the missing ones:
         MLflow refuses to change a logged value, and non-identity knobs such as threads may differ."""
-        self._log_params(self.client, self.run_id, cfg, skip=self.client.get_run(self.run_id).data.params.keys())
+        have = self.client.get_run(self.run_id).data.params.keys()
+        self._log_params(self.client, self.run_id, run.params, skip=have)
 
     def finished(self) -> bool:
         return self.client.get_run(self.run_id).info.status == "FINISHED"

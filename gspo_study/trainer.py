@@ -35,7 +35,6 @@ from tqdm import tqdm
 from gspo_study.config import Config, ConfigError, objective_hparams
 from gspo_study.errors import NonFiniteError, Terminated
 from gspo_study.evaluate import evaluate, score
-from gspo_study.models.checkpoint import fingerprint
 from gspo_study.models.presets import active_params
 from gspo_study.moe import (
     REPLAY_MODES,
@@ -52,12 +51,12 @@ from gspo_study.objectives import combine_metrics, get_objective, group_advantag
 from gspo_study.objectives.correction import correction_weights
 from gspo_study.rollout import RolloutBatch, make_engine
 from gspo_study.rollout.base import RolloutEngine, merge_batches
-from gspo_study.run import RunSetup, require_model_path, require_start, resolve, run_lock
-from gspo_study.runtime import training_device
+from gspo_study.run import RunSetup, check_start, resolve_run, run_lock
 from gspo_study.tasks import get_task
 from gspo_study.tracking import NullTracker, Tracker
+from gspo_study.train import make_backend
 from gspo_study.train.checkpointing import RunState, load_run_checkpoint, save_run_checkpoint, settle_interrupted_save
-from gspo_study.train.dist import gather, init_distributed
+from gspo_study.train.dist import gather
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.lag import SNAPSHOTS, PolicyLag
 from gspo_study.train.memory import check_positions, check_step_fits, longest_prompt
@@ -505,9 +504,9 @@ def setup(run: RunSetup, mlflow_run_id: str | None = None, logged_upto: int | No
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    model, tokenizer, state, optim_state = load_run_checkpoint(run, mlflow_run_id, logged_upto)
     task = get_task(cfg.task)
     task.eval_problems(cfg.eval.num_prompts)  # a task with fewer held-out problems fails here, not at step 0
-    model, tokenizer, state, optim_state = load_run_checkpoint(run, mlflow_run_id, logged_upto)
     prompt_tokens = longest_prompt(task, tokenizer, cfg.eval.num_prompts)
     check_positions(cfg, model, prompt_tokens)  # prompt + response within the model's positions
     check_step_fits(cfg, model, prompt_tokens)  # before the run is tracked: a step that cannot fit is refused
@@ -524,7 +523,6 @@ def setup(run: RunSetup, mlflow_run_id: str | None = None, logged_upto: int | No
             backend.load_state_dict(None)  # a checkpoint from before ZeRO state was saved: fresh optimizer
     elif optim_state is not None:
         backend.load_state_dict(optim_state)
-    objective = get_objective(cfg.algo.objective, cfg.algo.aggregation, **objective_hparams(cfg))
     r = cfg.rollout
     lag = None
     if r.policy_lag:  # a resumed run takes the stale weights its checkpoint kept
@@ -540,6 +538,7 @@ def setup(run: RunSetup, mlflow_run_id: str | None = None, logged_upto: int | No
         r.server,
         run.dir / "server-weights",
     )
+    objective = get_objective(cfg.algo.objective, cfg.algo.aggregation, **objective_hparams(cfg))
     return Context(
         run=run,
         cfg=cfg,
@@ -556,23 +555,6 @@ def setup(run: RunSetup, mlflow_run_id: str | None = None, logged_upto: int | No
         world=world,
         lag=lag,
     )
-
-
-def make_backend(cfg: Config, model) -> tuple[int, int, object]:
-    """(rank, world size, training backend) for `train.backend`."""
-    if cfg.train.backend == "torch":
-        t = cfg.train
-        return 0, 1, TorchBackend(model, t.lr, t.weight_decay, t.grad_clip, t.router_lr_scale)
-    from gspo_study.train.deepspeed_backend import DeepSpeedBackend
-
-    rank, world = init_distributed()
-    minibatch = cfg.rollout.group_size * cfg.rollout.prompts_per_step // cfg.train.num_minibatches
-    if minibatch % world:
-        raise ConfigError(
-            f"a minibatch of {minibatch} responses does not split over {world} ranks; allowed: a world size "
-            "dividing group_size x prompts_per_step / num_minibatches"
-        )
-    return rank, world, DeepSpeedBackend(model, cfg, rank, world, rows_per_rank=minibatch // world)
 
 
 def _fault_injection(step: int) -> None:
@@ -620,7 +602,7 @@ def _due(step: int, every: int, last: int) -> bool:
 def train(cfg: Config) -> dict[str, float]:
     """Run (or resume, or skip if finished) the run this config describes; returns the last metrics. One
     process at a time per run (`run_lock`)."""
-    run = resolve(cfg)
+    run = resolve_run(cfg)
     with run_lock(run), stop_on_sigterm() as asked:
         ctx = open_run(run)
         return {} if ctx is None else loop(ctx, asked)
@@ -629,13 +611,8 @@ def train(cfg: Config) -> dict[str, float]:
 def open_run(run: RunSetup) -> Context | None:
     """The run ready for its next step: what a killed save left settled, its start checked, its MLflow run found
     or created, everything a step needs built. None when its MLflow run has already finished."""
-    cfg = run.cfg
-    training_device(cfg)  # a CUDA device torch does not see is refused before anything is written
     settle_interrupted_save(run)
-    require_model_path(cfg)
-    if not run.checkpoint.exists():
-        require_start(run)  # before the store is opened: a missing cold start writes nothing
-    origin = fingerprint(run.start) if run.start.is_dir() else ""
+    origin = check_start(run)
     # Every rank finds the run (its id names the checkpoint to resume); rank 0 creates it if there is none.
     tracker = Tracker.open(run, create=False, origin=origin)
     if tracker is not None and tracker.finished():
@@ -643,7 +620,7 @@ def open_run(run: RunSetup) -> Context | None:
         return None
     ctx = setup(run, *((tracker.run_id, tracker.logged_upto) if tracker is not None else (None, None)))
     if ctx.rank == 0 and tracker is not None:  # resuming
-        tracker.log_missing_params(cfg)
+        tracker.log_missing_params(run)
     opened = (tracker or Tracker.open(run, origin=origin, model=ctx.model)) if ctx.rank == 0 else None
     ctx.tracker = opened or NullTracker()
     return ctx

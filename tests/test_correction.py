@@ -13,7 +13,7 @@ import torch
 from gspo_study.config import ConfigError, load_config
 from gspo_study.objectives import get_objective
 from gspo_study.objectives.correction import CORRECTION_METRICS, CORRECTIONS, correction_weights
-from gspo_study.run import resolve
+from gspo_study.run import resolve_run
 
 MODES = [m for m in CORRECTIONS if m != "none"]
 CAP, GEO, ICE = 3.0, 1.01, (0.5, 2.0)
@@ -151,7 +151,7 @@ def test_each_mode_runs_in_the_trainer_and_logs_its_metrics(smoke_cfg, mode):
     from gspo_study import trainer
 
     cfg = smoke_cfg("algo.objective=grpo", "rollout.dtype=bfloat16", f"algo.rollout_correction={mode}")
-    metrics = trainer.rl_step(trainer.setup(resolve(cfg)), 1)
+    metrics = trainer.rl_step(trainer.setup(resolve_run(cfg)), 1)
     assert set(CORRECTION_METRICS) <= metrics.keys() and "correction/masked_frac/token/mb_3" in metrics
     assert metrics["correction/weight/min"] <= metrics["correction/weight/mean"] <= metrics["correction/weight/max"]
     assert metrics["correction/weight/mean"] != 1.0  # a bf16 engine: μ differs from π_old

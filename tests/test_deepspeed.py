@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from gspo_study.config import load_config
-from gspo_study.run import resolve
+from gspo_study.run import resolve_run
 from gspo_study.trainer import train
 from tests.test_trainer import history
 
@@ -38,7 +38,7 @@ ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1", "OMP_NUM_THRE
 
 
 def _weights(cfg) -> dict[str, torch.Tensor]:
-    return load_file(str(next((resolve(cfg).dir / "checkpoint").glob("*.safetensors"))))
+    return load_file(str(next((resolve_run(cfg).dir / "checkpoint").glob("*.safetensors"))))
 
 
 def _torchrun(overrides: list[str], env=ENV, check: bool = True) -> subprocess.CompletedProcess:
@@ -160,7 +160,7 @@ def test_resume_from_zero_checkpoint_gives_uninterrupted_numbers(smoke_cfg, laun
     for key in ("policy/loss", "policy/ratio/token_var", "train/grad_norm", "rollout/reward/mean"):
         assert h2[key].keys() == {1, 2, 3}, key
         assert h2[key][3] == pytest.approx(h1[key][3], rel=1e-6, abs=1e-9), key
-    assert [p.name for p in (resolve(killed).dir / "zero").iterdir() if p.is_dir()] == ["step00000003"]
+    assert [p.name for p in (resolve_run(killed).dir / "zero").iterdir() if p.is_dir()] == ["step00000003"]
     w1, w2 = _weights(whole), _weights(killed)
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
 

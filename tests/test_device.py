@@ -15,7 +15,7 @@ from transformers import Qwen3MoeForCausalLM
 
 from gspo_study import trainer
 from gspo_study.config import ConfigError, load_config
-from gspo_study.run import resolve
+from gspo_study.run import resolve_run
 from gspo_study.runtime import autocast, device_text, precision_text, resolve_device
 
 SMOKE = "experiments/smoke/base.yaml"
@@ -50,7 +50,7 @@ def test_every_forward_gets_its_inputs_on_the_models_device(smoke_cfg, forward_d
         f"train.device={device}",
         "train.micro_batch_size=8",
     )
-    ctx = trainer.setup(resolve(cfg))
+    ctx = trainer.setup(resolve_run(cfg))
     assert next(ctx.model.parameters()).device.type == device
     assert next(ctx.engine.model.parameters()).device.type == device  # the engine's bf16 copy
     metrics = trainer.rl_step(ctx, 1)

@@ -49,12 +49,12 @@ def test_golden_file_covers_every_figure_at_the_cpu_scale():
 
 
 def test_run_identity_is_computed_once_per_config(tmp_path):
-    """Name, key, variant, directory, start and store come from one place (`resolve`); the identity and the
+    """Name, key, variant, directory, start and store come from one place (`resolve_run`); the identity and the
     directory lookup are computed once per config."""
-    from gspo_study.run import resolve, run_name, variant
+    from gspo_study.run import resolve_run, run_name, variant
 
     cfg = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", "train.lr=3e-3"])
-    me = resolve(cfg)
+    me = resolve_run(cfg)
     assert (me.key, me.name, me.variant) == (
         run_key(cfg),
         run_name(cfg),
@@ -63,10 +63,10 @@ def test_run_identity_is_computed_once_per_config(tmp_path):
     assert me.dir == tmp_path / "smoke" / "runs" / f"{me.name}-{me.key}" and me.checkpoint == me.dir / "checkpoint"
     assert me.start == me.coldstart == tmp_path / "smoke" / "checkpoints" / "coldstart"
     assert me.store == f"sqlite:///{tmp_path.resolve()}/mlflow.db" and not (tmp_path / "smoke").exists()
-    assert resolve(cfg) == me  # the same record again
+    assert resolve_run(cfg) == me  # the same record again
     renamed = tmp_path / "smoke" / "runs" / f"old-name-{me.key}"  # a run renamed since keeps its directory
     renamed.mkdir(parents=True)
     fresh = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", "train.lr=3e-3", "threads=2"])
-    assert resolve(fresh).dir == renamed and resolve(fresh).key == me.key
+    assert resolve_run(fresh).dir == renamed and resolve_run(fresh).key == me.key
     elsewhere = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", f"init_checkpoint={tmp_path}"])
-    assert resolve(elsewhere).start == tmp_path and resolve(elsewhere).coldstart == me.coldstart
+    assert resolve_run(elsewhere).start == tmp_path and resolve_run(elsewhere).coldstart == me.coldstart

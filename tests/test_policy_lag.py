@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from gspo_study.config import ConfigError, load_config
-from gspo_study.run import resolve, run_key
+from gspo_study.run import resolve_run, run_key
 
 from .test_trainer import WALL_CLOCK, _cli, history
 
@@ -23,7 +23,7 @@ def test_behaviour_policy_is_the_one_of_k_steps_ago(smoke_cfg):
     """After step s the behaviour copy holds θ_{max(0, s-1-k)}; the trainer's model keeps moving."""
     from gspo_study import trainer
 
-    ctx = trainer.setup(resolve(smoke_cfg("algo.objective=grpo", "algo.routing_replay=r2", "rollout.policy_lag=2")))
+    ctx = trainer.setup(resolve_run(smoke_cfg("algo.objective=grpo", "algo.routing_replay=r2", "rollout.policy_lag=2")))
     thetas = [state(ctx.model)]  # θ_0
     for step in range(1, 5):
         trainer.rl_step(ctx, step)
@@ -39,7 +39,7 @@ def test_lag_grows_off_policyness(smoke_cfg):
 
     vol = {}
     for k in (0, 2):
-        ctx = trainer.setup(resolve(smoke_cfg("algo.objective=grpo", f"rollout.policy_lag={k}", "train.lr=3e-3")))
+        ctx = trainer.setup(resolve_run(smoke_cfg("algo.objective=grpo", f"rollout.policy_lag={k}", "train.lr=3e-3")))
         for step in range(1, 4):
             metrics = trainer.rl_step(ctx, step)
         vol[k] = metrics["policy/kl/k3"]

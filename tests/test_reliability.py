@@ -20,7 +20,7 @@ from gspo_study.cli import main
 from gspo_study.config import _get
 from gspo_study.errors import NonFiniteError
 from gspo_study.models import build_char_tokenizer, build_model, save_pretrained
-from gspo_study.run import resolve, tracking_uri
+from gspo_study.run import resolve_run, tracking_uri
 from gspo_study.tasks import TASKS
 from gspo_study.tasks.arith import ArithTask
 from gspo_study.train.checkpointing import RunState
@@ -68,7 +68,7 @@ def test_external_sigkill_during_checkpoint_then_resume(smoke_cfg, smoke_results
     from gspo_study.config import load_config
 
     cfg = load_config(SMOKE, over)
-    runs = resolve(cfg).dir
+    runs = resolve_run(cfg).dir
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # kill mid-write if we catch one, else after ckpt 1
         if runs.exists() and (
@@ -93,7 +93,7 @@ def test_corrupt_checkpoint_is_skipped_with_warning(smoke_cfg, smoke_results, tm
     from gspo_study.config import load_config
 
     cfg = load_config(SMOKE, over)
-    weights = next((resolve(cfg).dir / "checkpoint").glob("*.safetensors"))
+    weights = next((resolve_run(cfg).dir / "checkpoint").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:100])  # truncated: unreadable
     with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
         train(cfg)
@@ -127,7 +127,7 @@ def test_diverging_run_stops_cleanly_without_nonfinite_checkpoint(smoke_cfg, cap
     cfg = _diverging(smoke_cfg("train.steps=3", "train.checkpoint_every=1", "train.max_nonfinite_updates=2"))
     with pytest.raises(NonFiniteError):
         train(cfg)
-    ckpt = resolve(cfg).dir / "checkpoint"
+    ckpt = resolve_run(cfg).dir / "checkpoint"
     if ckpt.exists():  # whatever was written before divergence is finite
         from safetensors.torch import load_file
 
@@ -260,11 +260,11 @@ def test_bad_cli_arguments_one_line(smoke_results, capsys, argv, fragment):
 def test_second_process_on_a_run_is_refused(smoke_cfg, smoke_results, tmp_path, capsys):
     """While one process trains a run (holds its lock), another on the same run stops with a one-line error
     and logs nothing; a different run (another seed) is not held up."""
-    from gspo_study.run import resolve, run_lock
+    from gspo_study.run import resolve_run, run_lock
 
     cfg = smoke_cfg("train.steps=1")
     over = [f"{k}={_get(cfg, k)}" for k in ("results_dir", "tracking.uri", "init_checkpoint", "train.steps")]
-    with run_lock(resolve(cfg)):
+    with run_lock(resolve_run(cfg)):
         rc = main(["train", SMOKE, *over])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and "is being trained by another process" in err and "\n" not in err, err
@@ -295,12 +295,12 @@ def test_killed_right_after_step_0_logs_no_step_twice(smoke_cfg, smoke_results, 
 def test_run_killed_before_its_params_gets_them_on_resume(smoke_cfg):
     """A process killed between creating its MLflow run and logging the run's parameters: the resumed run
     logs them (only the missing ones)."""
-    from gspo_study.run import resolve, run_name
+    from gspo_study.run import resolve_run, run_name
     from gspo_study.tracking import Tracker, _connect
 
     cfg = smoke_cfg("train.steps=1")
     client, exp_id = _connect(cfg.tracking.uri, cfg.tracking.experiment)
-    run = client.create_run(exp_id, run_name=run_name(cfg), tags=Tracker._tags(resolve(cfg)))
+    run = client.create_run(exp_id, run_name=run_name(cfg), tags=Tracker._tags(resolve_run(cfg)))
     client.log_param(run.info.run_id, "seed", str(cfg.seed))
     train(cfg)
     params = client.get_run(run.info.run_id).data.params
@@ -315,19 +315,19 @@ def test_save_killed_between_its_renames_is_finished_on_resume(smoke_cfg):
 
     cfg = smoke_cfg("train.steps=2", "train.checkpoint_every=1")
     train(cfg)
-    ckpt = resolve(cfg).dir / "checkpoint"
+    ckpt = resolve_run(cfg).dir / "checkpoint"
     run_id = json.loads((ckpt / "trainer_state.json").read_text())["mlflow_run_id"]
-    shutil.copytree(ckpt, resolve(cfg).dir / ".checkpoint.old")  # the previous checkpoint, moved aside
-    ckpt.rename(resolve(cfg).dir / ".checkpoint.tmp-abc123")  # the new, complete one, not yet in place
-    (resolve(cfg).dir / ".checkpoint.tmp-dead00").mkdir()  # a save killed mid-write
-    settle_interrupted_save(resolve(cfg))  # what `train` does first, holding the run's lock
-    _, _, state, optim = load_run_checkpoint(resolve(cfg), run_id)
+    shutil.copytree(ckpt, resolve_run(cfg).dir / ".checkpoint.old")  # the previous checkpoint, moved aside
+    ckpt.rename(resolve_run(cfg).dir / ".checkpoint.tmp-abc123")  # the new, complete one, not yet in place
+    (resolve_run(cfg).dir / ".checkpoint.tmp-dead00").mkdir()  # a save killed mid-write
+    settle_interrupted_save(resolve_run(cfg))  # what `train` does first, holding the run's lock
+    _, _, state, optim = load_run_checkpoint(resolve_run(cfg), run_id)
     assert state.step == 2 and optim is not None
-    assert sorted(p.name for p in resolve(cfg).dir.iterdir()) == ["checkpoint"]
-    shutil.rmtree(resolve(cfg).dir / "checkpoint")  # a first save killed mid-write: nothing to finish, all cleared
-    (resolve(cfg).dir / ".checkpoint.tmp-dead01").mkdir()
-    settle_interrupted_save(resolve(cfg))
-    assert not any(resolve(cfg).dir.iterdir())
+    assert sorted(p.name for p in resolve_run(cfg).dir.iterdir()) == ["checkpoint"]
+    shutil.rmtree(resolve_run(cfg).dir / "checkpoint")  # a first save killed mid-write: nothing to finish, all cleared
+    (resolve_run(cfg).dir / ".checkpoint.tmp-dead01").mkdir()
+    settle_interrupted_save(resolve_run(cfg))
+    assert not any(resolve_run(cfg).dir.iterdir())
 
 
 def test_processes_creating_one_new_store_at_once_all_get_it(tmp_path):

@@ -28,7 +28,7 @@ from gspo_study.cli import main
 from gspo_study.config import load_config
 from gspo_study.models import build_char_tokenizer, build_model, save_pretrained
 from gspo_study.models.checkpoint import MANIFEST, CheckpointError, fingerprint, verify, write_manifest
-from gspo_study.run import resolve
+from gspo_study.run import resolve_run
 from gspo_study.train.checkpointing import load_run_checkpoint
 from gspo_study.trainer import train
 from tests.test_trainer import WALL_CLOCK, history, weights
@@ -281,7 +281,7 @@ def test_train_killed_at_random_moments_resumes_to_identical_metrics(smoke_resul
     train(cfg)
     _same_history(history(ref), history(cfg))
     _each_step_once(cfg.tracking.uri, "study-smoke")
-    assert sorted(p.name for p in resolve(cfg).dir.iterdir()) == ["checkpoint"]
+    assert sorted(p.name for p in resolve_run(cfg).dir.iterdir()) == ["checkpoint"]
 
 
 def test_sft_killed_at_random_moments_gives_the_same_cold_start(tmp_path):
@@ -400,10 +400,10 @@ def test_same_run_from_two_results_dirs_logs_each_step_once(smoke_results, tmp_p
 
 
 def test_same_run_held_refuses_a_second_results_dir(smoke_cfg, tmp_path, capsys):
-    from gspo_study.run import resolve, run_lock
+    from gspo_study.run import resolve_run, run_lock
 
     cfg = smoke_cfg("train.steps=1")
-    with run_lock(resolve(cfg)):
+    with run_lock(resolve_run(cfg)):
         rc = main(
             [
                 "train",
@@ -590,15 +590,15 @@ def _swap_weights(ckpt: Path, other: Path) -> None:
 )
 def test_tampered_checkpoint_is_not_resumed(killed_at_3, tmp_path, tamper, warning):
     ref, cfg = killed_at_3
-    ckpt = resolve(cfg).dir / "checkpoint"
+    ckpt = resolve_run(cfg).dir / "checkpoint"
     copy = shutil.copytree(ckpt, tmp_path / "pristine")
     try:
         run_id = json.loads((ckpt / "trainer_state.json").read_text())["mlflow_run_id"]
-        _, _, state, _ = load_run_checkpoint(resolve(cfg), run_id, logged_upto=3)
+        _, _, state, _ = load_run_checkpoint(resolve_run(cfg), run_id, logged_upto=3)
         assert state.step == 2  # untouched, it resumes
         tamper(ckpt, smoke_ckpt(ref))
         with pytest.warns(UserWarning, match=warning):
-            _, _, state, optim = load_run_checkpoint(resolve(cfg), run_id, logged_upto=3)
+            _, _, state, optim = load_run_checkpoint(resolve_run(cfg), run_id, logged_upto=3)
         assert state.step == 0 and optim is None  # started over from the cold start
     finally:
         shutil.rmtree(ckpt)
@@ -606,13 +606,13 @@ def test_tampered_checkpoint_is_not_resumed(killed_at_3, tmp_path, tamper, warni
 
 
 def smoke_ckpt(cfg) -> Path:
-    return resolve(cfg).dir / "checkpoint"
+    return resolve_run(cfg).dir / "checkpoint"
 
 
 def test_resume_past_a_tampered_checkpoint_gives_uninterrupted_metrics(killed_at_3):
     """`"step": 99` in trainer_state.json used to finish the run with steps 5-6 and the final eval unlogged."""
     ref, cfg = killed_at_3
-    _tamper_state(resolve(cfg).dir / "checkpoint", step=99)
+    _tamper_state(resolve_run(cfg).dir / "checkpoint", step=99)
     with pytest.warns(UserWarning, match="does not match its hash"):
         train(cfg)
     _same_history(history(ref), history(cfg))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gspo_study.moe import routing_share
-from gspo_study.run import resolve
+from gspo_study.run import resolve_run
 
 
 def reference(old, new, new_old_route, adv, mask) -> dict[str, float]:
@@ -170,7 +170,7 @@ def test_instrument_is_the_same_whatever_the_replay_mode_and_zero_without_a_chan
 
     readings = {}
     for mode in ("none", "r2", "r3"):
-        ctx = trainer.setup(resolve(smoke_cfg("algo.objective=grpo", f"algo.routing_replay={mode}")))
+        ctx = trainer.setup(resolve_run(smoke_cfg("algo.objective=grpo", f"algo.routing_replay={mode}")))
         rows, batch = trainer.rollout(ctx, 1)
         adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
         if mode == "none":  # before any change: routing's part is exactly zero
@@ -191,7 +191,7 @@ def test_per_update_volatility_is_the_routing_after_exactly_one_update(smoke_cfg
     from gspo_study.objectives import group_advantages
 
     cfg = smoke_cfg("algo.objective=grpo", "train.lr=0.05")  # a large step, so routing moves
-    logged, twin = trainer.setup(resolve(cfg)), trainer.setup(resolve(cfg))
+    logged, twin = trainer.setup(resolve_run(cfg)), trainer.setup(resolve_run(cfg))
     _, batch = trainer.rollout(logged, 1)
     adv = group_advantages(torch.arange(len(batch)).float() % 2, cfg.rollout.group_size)
     old = trainer.old_policy(logged, batch)
@@ -220,7 +220,7 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
     gaps = {}
     for mode, dtype in (("none", "bfloat16"), ("r3", "bfloat16"), ("none", "float32")):
         ctx = trainer.setup(
-            resolve(
+            resolve_run(
                 smoke_cfg(
                     "algo.objective=grpo",
                     f"algo.routing_replay={mode}",
@@ -242,7 +242,7 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
     # the fp32 engine is the trainer's own model: its KV-cached routing is the full forward's
     assert set(gaps["none", "float32"].values()) == {0.0}
 
-    ctx = trainer.setup(resolve(smoke_cfg("algo.objective=grpo", "telemetry.route_rows=0.5")))
+    ctx = trainer.setup(resolve_run(smoke_cfg("algo.objective=grpo", "telemetry.route_rows=0.5")))
     _, batch = trainer.rollout(ctx, 1)
     adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
     old = trainer.old_policy(ctx, batch)

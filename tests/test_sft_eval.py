@@ -120,13 +120,13 @@ def test_eval_of_a_run_checkpoint_uses_the_runs_own_config(smoke_cfg, capsys):
     """A run checkpoint carries its run's config: `eval --checkpoint` without `--config` evaluates it on the
     run's task and settings (here the smoke task), as `--config <the run's base>` does."""
     from gspo_study.cli import main
-    from gspo_study.run import resolve
+    from gspo_study.run import resolve_run
     from gspo_study.train.checkpointing import RUN_CONFIG
     from gspo_study.trainer import train
 
     cfg = smoke_cfg("train.steps=1", "eval.every=0", "task.digits=1")
     train(cfg)
-    ckpt = str(resolve(cfg).dir / "checkpoint")
+    ckpt = str(resolve_run(cfg).dir / "checkpoint")
     assert load_config(f"{ckpt}/{RUN_CONFIG}") == cfg
 
     def run(*extra: str) -> dict:

@@ -13,7 +13,7 @@ import torch
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from gspo_study.run import resolve, run_key, tracking_uri
+from gspo_study.run import resolve_run, run_key, tracking_uri
 from gspo_study.tracking import mlflow_key
 from gspo_study.trainer import train
 
@@ -83,7 +83,7 @@ def test_each_algorithm_trains_and_logs_everything(smoke_cfg, algo):
     cfg = smoke_cfg(*ALGOS[algo], "train.steps=3", "rollout.max_new_tokens=16")
     train(cfg)
     before = weights(Path(cfg.init_checkpoint))
-    after = weights(resolve(cfg).dir / "checkpoint")
+    after = weights(resolve_run(cfg).dir / "checkpoint")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     must = {k for k in before if "self_attn" in k or k.endswith("mlp.gate.weight")}  # experts change only if routed to
     assert must <= changed and len(changed) > len(before) / 2, sorted(set(before) - changed)
@@ -167,7 +167,7 @@ def test_old_pass_counts_as_compute_only_when_training_uses_it(smoke_cfg):
         "rollout_r2": ["algo.old_logprobs=rollout", "algo.routing_replay=r2"],
         "rollout": ["algo.old_logprobs=rollout"],
     }.items():
-        ctx = trainer.setup(resolve(smoke_cfg("algo.objective=grpo", *over)))
+        ctx = trainer.setup(resolve_run(smoke_cfg("algo.objective=grpo", *over)))
         flops[name] = trainer.rl_step(ctx, 1)["compute/flops"]  # the same rollout: it depends on the seed only
     assert flops["recompute"] == flops["rollout_r2"]
     assert flops["rollout"] == pytest.approx(flops["recompute"] * 8 / 10, rel=1e-12)
@@ -182,7 +182,7 @@ def test_model_without_moe_layers_trains(smoke_cfg, tmp_path):
     dense = build_model("qwen3-moe-smoke", tok, seed=0, mlp_only_layers=[0, 1])
     save_pretrained(dense, tok, tmp_path / "dense")
     cfg = smoke_cfg(f"init_checkpoint={tmp_path / 'dense'}", "train.steps=1", "eval.every=0")
-    metrics = trainer.rl_step(trainer.setup(resolve(cfg)), 1)
+    metrics = trainer.rl_step(trainer.setup(resolve_run(cfg)), 1)
     assert "mismatch/k3" in metrics and not any(k.startswith("moe/") for k in metrics)
 
 
@@ -196,7 +196,7 @@ def test_micro_batch_size_never_changes_an_update(smoke_cfg, algo):
 
     results = {}
     for size in (None, 1, 3):
-        ctx = trainer.setup(resolve(smoke_cfg(*ALGOS[algo], f"train.micro_batch_size={size or 'null'}")))
+        ctx = trainer.setup(resolve_run(smoke_cfg(*ALGOS[algo], f"train.micro_batch_size={size or 'null'}")))
         grads = []
 
         def record(lr, ctx=ctx, grads=grads):

@@ -777,13 +777,13 @@ def test_real_engine_trains_logs_and_resumes_after_a_kill(vllm_coldstart, tmp_pa
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     done, cfg = _train_real(python, tmp_path, vllm_coldstart, run)
     assert done.returncode == 0, done.stderr[-3000:]
-    from gspo_study.run import resolve
+    from gspo_study.run import resolve_run
 
     hist = history(cfg)
     assert sorted(hist["rollout/reward/mean"]) == [1, 2, 3, 4] and sorted(hist["eval/pass_at_1"]) == [0, 2, 4]
     assert all(abs(v) < 1e-5 for v in hist["mismatch/k3"].values())  # fp32 vLLM = fp32 trainer
     assert any(v > 0 for v in hist["rollout/reward/mean"].values())
-    before, after = weights(vllm_coldstart), weights(resolve(cfg).dir / "checkpoint")
+    before, after = weights(vllm_coldstart), weights(resolve_run(cfg).dir / "checkpoint")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert {k for k in before if "self_attn" in k or k.endswith("mlp.gate.weight")} <= changed
 

@@ -256,13 +256,13 @@ def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, se
     resumes against a running server given by address (`rollout.server.urls`: the module's, so this test starts
     one server, not two) and pushes its step-2 checkpoint's weights there, every step is logged once, the
     parameters changed, and the server's log-probs equal the fp32 trainer's at every step (every push landed)."""
-    from gspo_study.run import resolve
+    from gspo_study.run import resolve_run
     from tests.test_trainer import history, weights
 
     _real_engine_env()
     killed, cfg = _train_server(tmp_path, vllm_coldstart, kill_at=3)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    record = json.loads((resolve(cfg).dir / "server-weights" / "server.json").read_text())
+    record = json.loads((resolve_run(cfg).dir / "server-weights" / "server.json").read_text())
     deadline = time.monotonic() + 60
     while group_alive(record["pgid"]) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -276,10 +276,12 @@ def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, se
     hist = history(cfg)
     assert sorted(hist["rollout/reward/mean"]) == [1, 2, 3, 4] and sorted(hist["eval/pass_at_1"]) == [0, 2, 4]
     assert all(abs(v) < 1e-5 for v in hist["mismatch/k3"].values())  # fp32 server = fp32 trainer, every step
-    before, after = weights(vllm_coldstart), weights(resolve(cfg).dir / "checkpoint")
+    before, after = weights(vllm_coldstart), weights(resolve_run(cfg).dir / "checkpoint")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert {k for k in before if "self_attn" in k or k.endswith("mlp.gate.weight")} <= changed
-    assert not (resolve(cfg).dir / "server-weights").exists()  # the finished run stopped its server, removed its pushes
+    assert not (
+        resolve_run(cfg).dir / "server-weights"
+    ).exists()  # the finished run stopped its server, removed its pushes
 
 
 def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp_path, monkeypatch):
