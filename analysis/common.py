@@ -1,7 +1,7 @@
 """Shared analysis layer: tracked MLflow runs → a long pandas frame → seed aggregates → plots, CSV, artifacts.
 
-- Runs are found only in MLflow: the run of a config is the one tagged `run_key = tracking.run_key(cfg)` in
-  experiment `cfg.tracking.experiment` at `tracking.tracking_uri(cfg)`; only FINISHED runs count.
+- Runs are found only in MLflow: the run of a config is the one tagged `run_key = run.run_key(cfg)` in
+  experiment `cfg.tracking.experiment` at `run.tracking_uri(cfg)`; only FINISHED runs count.
 - The long frame has one row per (run, seed, step, metric): columns run, label, seed, run_id, step, metric,
   value, flops. `flops` is the run's cumulative `compute/flops` at that step; step 0 (the cold-start
   evaluation, before any training) has none logged and is taken as 0.

@@ -3,7 +3,7 @@
 A figure lists run files in experiments/figures.yaml; a run's config is experiments/<scale>/base.yaml
 layered with experiments/runs/<run>.yaml and `seed=<s>`. A figure with a `sweep:` (per scale, key → list of
 values) takes every run at every combination of those values (applied as `key=value` overrides). Runs are
-identified by their config (see `tracking.run_key`), so a run shared by two figures runs once, a finished run is
+identified by their config (see `run.run_key`), so a run shared by two figures runs once, a finished run is
 skipped, and a killed one resumes from its last checkpoint. Each model architecture gets its own cold start
 (`coldstart_name`), trained with experiments/<scale>/coldstart.yaml or, if it exists,
 experiments/<scale>/<coldstart name>.yaml

@@ -4,7 +4,7 @@ tests/golden/run_keys.json holds the keys of every figure's runs (each scale, sw
 every run × ablation file at seed 1, computed by the code at f2162fb (the tracked CPU study's commit; the few
 combinations that are now refused at load, a preset override on a checkpoint path, were dropped); figures 9 and
 10's CPU runs were added at 09f91e7, their keys checked equal to the `run_key` tags of the tracked runs. A new config
-field must keep these keys at its default (`tracking.LATER_KNOBS`): if this test fails, a change moved the
+field must keep these keys at its default (`run.LATER_KNOBS`): if this test fails, a change moved the
 identity of runs that exist and would silently re-train them.
 """
 
