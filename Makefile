@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 TEST_JOBS ?= 2
 test: install
 	-$(MAKE) --no-print-directory vllm-env  # the real-engine tests' environment; if it fails they skip (CI: fail)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile tests
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests
 
 vllm-env: $(VLLM_STAMP)
 
