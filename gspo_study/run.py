@@ -35,8 +35,6 @@ from gspo_study.config import (
     load_config,
     to_flat_dict,
 )
-from gspo_study.models.checkpoint import fingerprint
-from gspo_study.runtime import training_device
 
 # Fields that name or place a run but do not change its numbers.
 NON_IDENTITY = (
@@ -307,6 +305,9 @@ def check_start(run: RunSetup) -> str:
     """Before the run is tracked: its model path, its start (unless it has a checkpoint to resume) and its device
     are refused in one line when they cannot work. Returns the start's fingerprint ("" for a start that is not a
     directory): a tracked run that started from another checkpoint is not silently resumed."""
+    from gspo_study.models.checkpoint import fingerprint  # torch and transformers: not for what only names runs
+    from gspo_study.runtime import training_device
+
     require_model_path(run.cfg)
     if not run.checkpoint.exists():
         require_start(run)  # a missing cold start writes nothing

@@ -73,9 +73,11 @@ def git_commit(short: bool = False) -> str:
 
 
 def _client(uri: str):
+    """A client of the store at `uri`. Never `mlflow.set_tracking_uri`: it sets `$MLFLOW_TRACKING_URI` for the whole
+    process, and every later run of the process without `tracking.uri` would log into this store, whatever its
+    `results_dir` (`run.tracking_uri` reads the variable)."""
     import logging
 
-    import mlflow
     from mlflow import MlflowClient
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # schema-creation chatter on every new store
@@ -83,7 +85,6 @@ def _client(uri: str):
     # caller (the CLI says a full disk in one line, and shows a traceback for anything unexpected)
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
-    mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
 
 

@@ -19,18 +19,20 @@ SMOKE = "experiments/smoke/base.yaml"
 # workers finish together instead of one idling while the other runs a long file last. A file not listed runs after
 # these, in its usual order; the weights only order, they skip nothing.
 LONGEST_FIRST = {
-    "test_figures.py": 205,
-    "test_vllm_server.py": 186,
-    "test_reliability.py": 131,
-    "test_deepspeed.py": 122,
-    "test_gpu_check.py": 91,
-    "test_mlflow_ui.py": 80,
-    "test_vllm_engine.py": 70,
-    "test_sigterm.py": 67,
-    "test_failed_writes.py": 66,
-    "test_reliability_table.py": 57,
-    "test_archive.py": 47,
-    "test_trainer.py": 26,
+    "test_figures.py": 200,
+    "test_vllm_server.py": 165,
+    "test_reliability.py": 95,
+    "test_gpu_check.py": 100,
+    "test_deepspeed.py": 85,
+    "test_reliability_table.py": 75,
+    "test_vllm_engine.py": 72,
+    "test_mlflow_ui.py": 70,
+    "test_sigterm.py": 50,
+    "test_failed_writes.py": 52,
+    "test_archive.py": 48,
+    "test_mlflow_server.py": 20,
+    "test_trainer.py": 18,
+    "test_identity.py": 17,
 }
 
 

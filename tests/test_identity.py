@@ -70,3 +70,18 @@ def test_run_identity_is_computed_once_per_config(tmp_path):
     assert resolve_run(fresh).dir == renamed and resolve_run(fresh).key == me.key
     elsewhere = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path}", f"init_checkpoint={tmp_path}"])
     assert resolve_run(elsewhere).start == tmp_path and resolve_run(elsewhere).coldstart == me.coldstart
+
+
+def test_opening_a_store_leaves_the_next_runs_store_to_its_config(tmp_path):
+    """A process that opened one run's store (a sweep, a test, a notebook) must not log the next run, whose
+    `results_dir` differs, into it: MLflow's `set_tracking_uri` would set `$MLFLOW_TRACKING_URI` process-wide."""
+    import os
+
+    from gspo_study.run import resolve_run
+    from gspo_study.tracking import _connect
+
+    first = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path / 'a'}"])
+    _connect(resolve_run(first).store, "first")
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    second = load_config("experiments/smoke/base.yaml", [f"results_dir={tmp_path / 'b'}"])
+    assert resolve_run(second).store == f"sqlite:///{(tmp_path / 'b').resolve()}/mlflow.db"
