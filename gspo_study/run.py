@@ -106,8 +106,8 @@ class RunSetup:
 
     @functools.cached_property
     def variant(self) -> str:
-        """`variant`: what sets the run apart from its scale's base, e.g. "train.lr=4e-05" (read when a new MLflow
-        run is named: it loads the base config)."""
+        """What sets the run apart from its scale's base config, e.g. "train.lr=4e-05" (`variant`); computed when
+        first read (naming a new MLflow run), since it loads the base config."""
         return variant(self.cfg)
 
 
