@@ -142,7 +142,7 @@ def run_figure(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] 
         print(f"== figure {figure}: all {len(configs)} runs already finished; nothing to train")
         return [cfg for _, cfg in configs]
     labels = [f"{run} seed {seed} {' '.join(cell)}".strip() for cell, run, seed in _items(figure, scale, seeds)]
-    cold = [coldstart_overrides(run.cfg) if run.start == run.coldstart else None for run in runs]
+    cold = [None if run.cfg.init_checkpoint else coldstart_overrides(run.cfg) for run in runs]  # cold-start runs
     if jobs == 1:
         from gspo_study.trainer import train
 
