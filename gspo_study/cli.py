@@ -146,7 +146,7 @@ def _cmd_rollout_server(args) -> None:
     trainer expects it: the command line of `vllm_server.server_argv`, run (or printed)."""
     import os
 
-    from gspo_study.rollout.vllm_server import is_cpu_build, server_argv, write_model_dir
+    from gspo_study.rollout.vllm_server import is_cpu_build, server_argv, server_env, write_model_dir
     from gspo_study.runtime import load_policy
 
     cfg = load_config(*_files_and_overrides(args.config))
@@ -154,27 +154,19 @@ def _cmd_rollout_server(args) -> None:
     if not source:
         raise ConfigError("rollout-server needs the weights to serve: --checkpoint DIR or init_checkpoint=DIR")
     python = cfg.rollout.server.python or sys.executable
-    routing = cfg.algo.routing_replay == "r3"
-    model_dir = Path(args.model_dir)
-    argv = server_argv(
-        python,
-        str(model_dir),
-        args.port,
-        cfg.rollout.dtype,
-        cfg.rollout.server,
-        is_cpu_build(python),
-        routing,
-        host=args.host,
-    )
-    if args.print:
-        print(" ".join(argv))
+    routing, cpu = cfg.algo.routing_replay == "r3", is_cpu_build(python)
+    model_dir, server = Path(args.model_dir), cfg.rollout.server
+    argv = server_argv(python, str(model_dir), args.port, cfg.rollout.dtype, server, cpu, routing, args.host)
+    env = server_env(server, cpu)
+    if args.print:  # a line a shell runs as it is: the environment first
+        print(" ".join([*(f"{k}={v}" for k, v in env.items()), *argv]))
         return
     model, _ = load_policy(cfg, source)
     write_model_dir(model.named_parameters(), model.config, model_dir)
     os.execve(
         argv[0] if os.path.isabs(argv[0]) else sys.executable,
         argv,
-        {**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
+        {**os.environ, **env},
     )
 
 

@@ -22,6 +22,8 @@ from gspo_study.rollout import make_engine
 from gspo_study.rollout.vllm_engine import hf_to_vllm_weights, routing_trace_from_vllm
 from gspo_study.rollout.vllm_server import (
     CPU_ARGS,
+    CPU_ONE_PROCESS_ARGS,
+    CPU_ONE_PROCESS_ENV,
     EXTENSION,
     SERVED_NAME,
     VLLMServerEngine,
@@ -30,6 +32,7 @@ from gspo_study.rollout.vllm_server import (
     group_alive,
     parse_completion,
     server_argv,
+    server_env,
     write_weights,
 )
 from gspo_study.rollout.vllm_worker import read_weights
@@ -57,7 +60,17 @@ def test_server_argv_for_the_cpu_build_and_for_a_gpu_pool():
     assert flags["--model"] == "/w/model" and flags["--port"] == "8123" and flags["--host"] == "127.0.0.1"
     assert flags["--worker-extension-cls"] == EXTENSION and flags["--served-model-name"] == SERVED_NAME
     assert flags["--logprobs-mode"] == "processed_logprobs" and flags["--generation-config"] == "vllm"
-    assert "--skip-tokenizer-init" in cpu and cpu[-len(CPU_ARGS) :] == list(CPU_ARGS)
+    assert "--skip-tokenizer-init" in cpu and cpu[-len(CPU_ARGS + CPU_ONE_PROCESS_ARGS) :] == [
+        *CPU_ARGS,
+        *CPU_ONE_PROCESS_ARGS,
+    ]
+    # the CPU build's one process: the "uni" executor and the environment that keeps it; the dev endpoints always
+    assert server_env(ServerConfig(), cpu=True) == {"VLLM_SERVER_DEV_MODE": "1", **CPU_ONE_PROCESS_ENV}
+    assert server_env(ServerConfig(), cpu=False) == {"VLLM_SERVER_DEV_MODE": "1"}
+    two = server_argv("py", "/w/model", 1, "float32", ServerConfig(tensor_parallel_size=2), cpu=True, routing=False)
+    assert "uni" not in two and server_env(ServerConfig(tensor_parallel_size=2), cpu=True) == {
+        "VLLM_SERVER_DEV_MODE": "1"
+    }
     pool = ServerConfig(
         tensor_parallel_size=4, enable_expert_parallel=True, data_parallel_size=2, args=["--max-model-len", "8192"]
     )
@@ -65,7 +78,7 @@ def test_server_argv_for_the_cpu_build_and_for_a_gpu_pool():
     flags = dict(zip(gpu, gpu[1:]))
     assert flags["--tensor-parallel-size"] == "4" and flags["--data-parallel-size"] == "2"
     assert "--enable-expert-parallel" in gpu and "--enable-return-routed-experts" in gpu
-    assert "--enforce-eager" not in gpu and gpu[-2:] == ["--max-model-len", "8192"]
+    assert "--enforce-eager" not in gpu and "uni" not in gpu and gpu[-2:] == ["--max-model-len", "8192"]
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
         server_argv("py", "/w", 1, "float32", ServerConfig(), cpu=True, routing=True)
 
@@ -205,6 +218,21 @@ def test_real_server_logprobs_equal_the_trainers_and_reproduce(served):
     again, other = _rollout(served.engine), _rollout(served.engine, seed=2)
     assert torch.equal(again.sequences, batch.sequences) and torch.equal(again.rollout_logprobs, batch.rollout_logprobs)
     assert not torch.equal(other.sequences, batch.sequences)
+    names = _group_names(served.engine.process.pgid)  # its engine core runs the model: no worker process
+    assert "VLLM::EngineCor" in names and not any(n.startswith("VLLM::Worker") for n in names), names
+
+
+def _group_names(pgid: int) -> list[str]:
+    """The live processes of group `pgid`, by name (/proc/PID/comm: at most 15 characters)."""
+    names = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                names.append((stat.parent / "comm").read_text().strip())
+        except (OSError, IndexError, ValueError):
+            continue
+    return sorted(names)
 
 
 @pytest.mark.slow
@@ -333,6 +361,7 @@ def test_rollout_server_command_for_a_pool_on_other_machines(capsys):
     ]
     assert main(["rollout-server", SMOKE_BASE, *over, "--model-dir", "/data/policy", "--port", "8011", "--print"]) == 0
     argv = capsys.readouterr().out.split()
+    assert argv[0] == "VLLM_SERVER_DEV_MODE=1"  # the weight push's endpoint: the printed line runs as it is
     flags = dict(zip(argv, argv[1:]))
     assert flags["--host"] == "0.0.0.0" and flags["--port"] == "8011" and flags["--tensor-parallel-size"] == "2"
     assert flags["--worker-extension-cls"] == EXTENSION and flags["--model"] == "/data/policy"

@@ -51,6 +51,13 @@ RELOAD_METHOD = "gspo_reload_weights"
 SHARD_BYTES = 2**30  # weights are written in shards of at most this size (bounded extra memory on rank 0)
 # vLLM's CPU platform: an explicit KV-cache size (vllm_engine.CPU_KV_CACHE_BYTES) and eager mode
 CPU_ARGS = ("--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES))
+# One CPU process per server runs the model in its engine-core process ("uni" executor). vLLM's CPU platform
+# swaps "uni" for a worker process of its own (to bind OpenMP threads) unless multiprocessing is off in its
+# environment: a third process that imports vLLM again (≈ 9 s of every start on a 2-core machine) and spins on
+# shared memory beside the engine core while it generates. The API server still runs its engine core apart.
+CPU_ONE_PROCESS_ARGS = ("--distributed-executor-backend", "uni")
+CPU_ONE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc (the weight push) and /reset_prefix_cache
 PR_SET_PDEATHSIG = 1
 
 
@@ -92,7 +99,18 @@ def server_argv(
         argv.append("--enable-return-routed-experts")
     if cpu:
         argv.extend(CPU_ARGS)
+    if _one_process(server, cpu):
+        argv.extend(CPU_ONE_PROCESS_ARGS)
     return argv + list(server.args)
+
+
+def server_env(server, cpu: bool) -> dict[str, str]:
+    """What `server_argv`'s process needs in its environment besides the caller's."""
+    return {**SERVER_ENV, **(CPU_ONE_PROCESS_ENV if _one_process(server, cpu) else {})}
+
+
+def _one_process(server, cpu: bool) -> bool:
+    return cpu and server.tensor_parallel_size == 1
 
 
 def has_vllm(python: str) -> bool:
@@ -408,7 +426,7 @@ class VLLMServerEngine(VLLMRollout):
         argv = server_argv(python, str(model_dir), port, self.dtype, self.server, cpu, routing)
         t0 = time.perf_counter()
         write_model_dir(weights, self.model.config, model_dir)
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc and /reset_prefix_cache
+        env = {**os.environ, **server_env(self.server, cpu)}
         self.process = ServerProcess(argv, self.weight_dir / "server.log", env)
         (self.weight_dir / "server.json").write_text(
             json.dumps({"pid": self.process.proc.pid, "pgid": self.process.pgid, "port": port, "argv": argv})
