@@ -8,6 +8,7 @@ allowed; an unknown key suggests the closest valid one.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import hashlib
@@ -340,6 +341,12 @@ def _no_dotted_keys(data: dict, path: Path, prefix: str = "") -> None:
             _no_dotted_keys(value, path, f"{prefix}{key}.")
 
 
+@functools.lru_cache(maxsize=256)
+def _parse_yaml(text: str) -> Any:
+    """A YAML text parsed, once per text (a sweep loads the same few files for every run; callers copy it)."""
+    return yaml.load(text, Loader=_StrictLoader)
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
     """The chain of YAML dicts, base first."""
     if not path.is_file():
@@ -347,7 +354,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
     if path.resolve() in seen:
         raise ConfigError(f"config inheritance cycle at {path}")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader) or {}
+        data = copy.deepcopy(_parse_yaml(path.read_text(encoding="utf-8"))) or {}
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
     except _DuplicateKey as dup:
@@ -422,6 +429,7 @@ def _explain(exc: OmegaConfBaseException, where: str) -> str:
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
+@functools.cache
 def _field_kind(dotted: str) -> str:
     """What a config field accepts, in words ('an integer', 'null or a number'); '' if unknown."""
     cls: Any = Config
@@ -708,8 +716,8 @@ def _check_numbers(cfg: Config) -> None:
             raise ConfigError(f"bad value {value} for '{key}'; allowed: a finite number")
     _require(0 <= cfg.seed <= MAX_SEED, f"bad value {cfg.seed} for 'seed'; allowed: an integer in [0, 2^63 - 1]")
     for key, rule in RANGES.items():
-        v = _get(cfg, key)
-        _require(rule.holds(v), f"bad value {v} for '{key}'; allowed: {rule.text(_number_kind(key))}")
+        if not rule.holds(v := _get(cfg, key)):
+            raise ConfigError(f"bad value {v} for '{key}'; allowed: {rule.text(_number_kind(key))}")
 
 
 def registries() -> dict[str, tuple[str, ...]]:
