@@ -5,8 +5,6 @@ precision. On a machine without a GPU the CUDA cases skip; `make gpu-check` runs
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -14,6 +12,7 @@ import torch
 from transformers import Qwen3MoeForCausalLM
 
 from gspo_study import trainer
+from gspo_study.cli import main
 from gspo_study.config import ConfigError, load_config
 from gspo_study.run import resolve_run
 from gspo_study.runtime import autocast, device_text, precision_text, resolve_device
@@ -61,7 +60,7 @@ def test_every_forward_gets_its_inputs_on_the_models_device(smoke_cfg, forward_d
     assert sum(forward_devices.values()) > 20 and not mismatched, mismatched
 
 
-def test_device_values_and_a_missing_gpu_are_one_line_errors(smoke_cfg, tmp_path):
+def test_device_values_and_a_missing_gpu_are_one_line_errors(smoke_cfg, tmp_path, capsys):
     for bad in ("gpu", "cuda:x", "CUDA", "cpu:0"):
         with pytest.raises(ConfigError, match=f"bad value '{bad}' for 'train.device'; allowed: auto, cpu, cuda") as e:
             load_config(SMOKE, [f"train.device={bad}"])
@@ -80,15 +79,10 @@ def test_device_values_and_a_missing_gpu_are_one_line_errors(smoke_cfg, tmp_path
         f"tracking.uri={cfg.tracking.uri}",
         f"init_checkpoint={cfg.init_checkpoint}",
     ]
-    for command in ("train", "sft"):
-        done = subprocess.run(
-            [sys.executable, "-m", "gspo_study", command, SMOKE, *over, "train.device=cuda"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-        assert "train.device='cuda' but torch sees no CUDA GPU" in done.stderr
+    for command in ("train", "sft"):  # the CLI's entry point, in this process (`python -m gspo_study` exits with it)
+        assert main([command, SMOKE, *over, "train.device=cuda"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "train.device='cuda' but torch sees no CUDA GPU" in err, err
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlflow.db").exists()
 
 

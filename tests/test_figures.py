@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -181,22 +180,6 @@ def test_missing_run_is_a_one_line_error(study, capsys):
     assert figures.main(["--figure", "1", "--scale", "smoke", "--seeds", "9", *overrides]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "gspo seed 9" in err and "gspo_study sweep --figure 1" in err
-
-
-def test_make_reproduce_figure_1_path(study):
-    """`make reproduce-figure-1 SCALE=smoke SEEDS=1 OVERRIDES=...`, for real (its install step is a no-op
-    once `make test` has installed)."""
-    root, overrides = study
-    done = subprocess.run(
-        ["make", "reproduce-figure-1", "SCALE=smoke", "SEEDS=1", "OVERRIDES=" + " ".join(overrides)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    csv = pd.read_csv(root / "smoke" / "figure-1.csv")
-    assert set(csv[csv.kind == "curve"].n_seeds) == {1} and (root / "smoke" / "figure-1.png").is_file()
 
 
 def test_report_one_row_per_claim(study):

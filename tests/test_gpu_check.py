@@ -9,6 +9,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +52,9 @@ def test_tiny_check_on_cpu_writes_every_part(tmp_path):
         assert got["steps_with_signal"] > 0 and got["tensors_changed"] > 0 and got["eval_pass@1_end"] is not None
         assert got["seconds_per_step"] > 0 and got["peak_gpu_memory_gb"] is None  # no CUDA: not logged
     assert suite["sft"]["steps"] == 100 and suite["figure_files"] and suite["reproduce_figure_1_s"] > 0
+    # `make reproduce-figure-1 SCALE=smoke SEEDS=1 OVERRIDES=...`, for real (the suite's only test of the target)
+    csv = pd.read_csv(tmp_path / "figure-1" / "smoke" / "figure-1.csv")
+    assert set(csv[csv.kind == "curve"].n_seeds) == {1} and (tmp_path / "figure-1" / "smoke" / "figure-1.png").is_file()
     assert res["vllm"]["status"] == "skipped" and res["deepspeed"]["status"] == "skipped"
     if server:  # a real server: bf16 rollouts near the fp32 trainer's forward, a push that lands, same seed
         srv = res["vllm_server"]
