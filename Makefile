@@ -111,10 +111,11 @@ gpu-check:
 	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash benchmarks/gpu_check.sh $(GPU_OUT)
 
 # the study experiments' runs table, charts, held-out pass@1 charts and figure runs, as URLs in model-training mode; then the server
+# (without MLflow's job runner: its GenAI jobs have nothing to do here, and it starts 6 more processes)
 MLFLOW_WORKERS ?= 2
 mlflow-ui: install
 	@$(PY) -m gspo_study mlflow-urls --uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --port $(PORT)
-	$(VENV)/bin/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --host 127.0.0.1 --port $(PORT) --workers $(MLFLOW_WORKERS)
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///results/mlflow.db}" --host 127.0.0.1 --port $(PORT) --workers $(MLFLOW_WORKERS)
 
 # The study's runs in one file (results/<scale>/study-runs.parquet: every run its figures and report use), and back
 # into the local store (or MLFLOW_TRACKING_URI), idempotently: then reproduce-figure-N only redraws.

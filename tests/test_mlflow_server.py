@@ -5,6 +5,7 @@ Every wait is bounded and the server's whole process group is stopped in teardow
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.parse
@@ -53,7 +54,8 @@ def server(smoke_results, tmp_path_factory):
         "1",
     ]
     log = open(root / "server.log", "w")  # closed in teardown, after the server stops
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # as `make mlflow-ui`: no GenAI job runner
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, root / "server.log", "mlflow server", READY_S)
