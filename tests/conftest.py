@@ -15,24 +15,25 @@ torch.set_num_threads(1)
 SMOKE = "experiments/smoke/base.yaml"
 
 # `make test` runs the files on two workers (`--dist loadfile --no-loadscope-reorder`), each file whole, in the order
-# collected: the longest first (seconds per file on a 2-core machine, docs/LOG.md 2026-12-03), so that the two
+# collected: the longest first (seconds per file on a 2-core machine, docs/LOG.md 2026-12-04), so that the two
 # workers finish together instead of one idling while the other runs a long file last. A file not listed runs after
 # these, in its usual order; the weights only order, they skip nothing.
 LONGEST_FIRST = {
-    "test_figures.py": 200,
-    "test_vllm_server.py": 165,
-    "test_reliability.py": 95,
-    "test_gpu_check.py": 100,
-    "test_deepspeed.py": 85,
-    "test_reliability_table.py": 75,
-    "test_vllm_engine.py": 72,
-    "test_mlflow_ui.py": 70,
-    "test_sigterm.py": 50,
-    "test_failed_writes.py": 52,
-    "test_archive.py": 48,
-    "test_mlflow_server.py": 20,
-    "test_trainer.py": 18,
-    "test_identity.py": 17,
+    "test_vllm_server.py": 146,
+    "test_figures.py": 141,
+    "test_gpu_check.py": 110,
+    "test_reliability.py": 87,
+    "test_reliability_table.py": 84,
+    "test_deepspeed.py": 84,
+    "test_vllm_engine.py": 76,
+    "test_mlflow_ui.py": 53,
+    "test_archive.py": 39,
+    "test_sigterm.py": 39,
+    "test_failed_writes.py": 39,
+    "test_trainer.py": 17,
+    "test_policy_lag.py": 11,
+    "test_mlflow_server.py": 9,
+    "test_identity.py": 8,
 }
 
 
