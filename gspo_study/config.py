@@ -173,6 +173,16 @@ class RolloutConfig:
     policy_lag: int = 0
     """k: rollouts and π_old (its log-probs, R2's routing) come from the policy of k steps ago, as in asynchronous
     RL (prime-rl max_off_policy_steps); 0: synchronous (gspo_study.train.lag)."""
+    router_precision: str = "none"
+    """Routing frontier, axis M (realistic): the rollout engine's copy computes its routers at this precision —
+    weights, inputs and logits rounded to bfloat16, float16 or float8_e4m3 (simulated by casting) — never the
+    trainer's; none: at the engine's dtype (gspo_study.rollout.perturb)."""
+    router_noise: float = 0.0
+    """Routing frontier, axis M (continuous): σ of seeded Gaussian noise on the rollout copy's router logits before
+    top-k, never the trainer's; 0: none."""
+    head_noise: float = 0.0
+    """Routing frontier, the control: σ of seeded Gaussian noise on the rollout copy's LM-head logits — moves μ
+    (k3) and no routing decision; 0: none."""
 
 
 @dataclass
@@ -284,6 +294,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.old_logprobs": ("recompute", "rollout"),
     "rollout.engine": ("hf", "vllm", "vllm_server"),
     "rollout.dtype": ("float32", "bfloat16"),
+    "rollout.router_precision": ("none", "bfloat16", "float16", "float8_e4m3"),
     "train.backend": ("torch", "deepspeed"),
     "train.zero_stage": (2, 3),
 }
@@ -674,6 +685,8 @@ RANGES: dict[str, Range] = {
     "rollout.max_new_tokens": Range(1),
     "rollout.temperature": Range(0.01, 100.0),  # below, logits / T overflow: every response is the argmax
     "rollout.policy_lag": Range(0, why="steps of staleness"),
+    "rollout.router_noise": Range(0, 100),  # σ in logits: beyond, routing is noise
+    "rollout.head_noise": Range(0, 100),
     "rollout.vllm_gpu_memory_utilization": _SHARE,
     "rollout.server.tensor_parallel_size": Range(1),
     "rollout.server.data_parallel_size": Range(1),
@@ -787,6 +800,12 @@ def validate(cfg: Config) -> None:
         f"rollout.policy_lag={r.policy_lag} needs train.backend=torch (a ZeRO-sharded model keeps no whole "
         "stale copy); allowed here: rollout.policy_lag=0",
     )
+    dosed = r.router_precision != "none" or r.router_noise > 0 or r.head_noise > 0
+    _require(
+        not (dosed and r.sharded),
+        "a rollout perturbation (rollout.router_precision / router_noise / head_noise) draws its noise from the "
+        "batch's one random stream; allowed here: rollout.sharded=false",
+    )
     _check_server(r.server)
     _refuse_inert(cfg)
     _check_model_shape(cfg.model)
@@ -807,6 +826,10 @@ INERT: list[tuple] = [  # a fourth element "warn": a one-line warning instead (h
     # switches to math_file by an override would otherwise have to reset them
     ("rollout.server.", lambda c: c.rollout.engine == "vllm_server", "rollout.engine=vllm_server"),
     ("rollout.vllm_gpu_memory_utilization", lambda c: c.rollout.engine == "vllm", "rollout.engine=vllm"),
+    *(  # the rollout copy's doses: the HF engine's own copy (gspo_study.rollout.perturb)
+        (f"rollout.{k}", lambda c: c.rollout.engine == "hf", "rollout.engine=hf")
+        for k in ("router_precision", "router_noise", "head_noise")
+    ),
     ("algo.icepop_low", lambda c: c.algo.rollout_correction == "icepop", "algo.rollout_correction=icepop"),
     ("algo.icepop_high", lambda c: c.algo.rollout_correction == "icepop", "algo.rollout_correction=icepop"),
     ("algo.rollout_correction_cap", lambda c: c.algo.rollout_correction in _CAPPED,

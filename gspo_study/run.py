@@ -65,6 +65,9 @@ LATER_KNOBS = {
     "algo.icepop_low": 0.5,
     "algo.icepop_high": 2.0,
     "sft.per_seed": False,
+    "rollout.router_precision": "none",
+    "rollout.router_noise": 0.0,
+    "rollout.head_noise": 0.0,
 }
 # Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
 # grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic

@@ -49,7 +49,7 @@ from gspo_study.moe import (
 )
 from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
 from gspo_study.objectives.correction import correction_weights
-from gspo_study.rollout import RolloutBatch, make_engine
+from gspo_study.rollout import Perturbation, RolloutBatch, make_engine
 from gspo_study.rollout.base import RolloutEngine, merge_batches
 from gspo_study.run import RunSetup, check_start, resolve_run, run_lock
 from gspo_study.tasks import get_task
@@ -537,6 +537,7 @@ def setup(run: RunSetup, mlflow_run_id: str | None = None, logged_upto: int | No
         r.vllm_gpu_memory_utilization,
         r.server,
         run.dir / "server-weights",
+        Perturbation.from_config(r),
     )
     objective = get_objective(cfg.algo.objective, cfg.algo.aggregation, **objective_hparams(cfg))
     return Context(

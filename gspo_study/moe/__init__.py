@@ -15,6 +15,7 @@ from gspo_study.moe.routing import (
     moe_layers,
     record_routing,
     replay_routing,
+    routers,
 )
 from gspo_study.moe.trace import RoutingTrace
 from gspo_study.moe.volatility import changed_choices, mismatch_metrics, routing_share, routing_volatility
@@ -32,5 +33,6 @@ __all__ = [
     "record_routing",
     "replay_routing",
     "routing_share",
+    "routers",
     "routing_volatility",
 ]

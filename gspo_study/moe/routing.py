@@ -82,6 +82,11 @@ def moe_layers(model: nn.Module) -> list[int]:
     return [f.layer for f in _find_moe_layers(model)]
 
 
+def routers(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(decoder layer index, router module) of every supported MoE router, by layer."""
+    return [(f.layer, f.router) for f in _find_moe_layers(model)]
+
+
 def count_moe_layers(model: nn.Module) -> int:
     return len(_find_moe_layers(model))
 

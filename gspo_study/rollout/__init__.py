@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gspo_study.rollout.base import RolloutBatch, encode_prompts, position_ids_from_mask
 from gspo_study.rollout.hf import HFEngine
+from gspo_study.rollout.perturb import Perturbation
 
 
 def make_engine(
@@ -16,11 +17,15 @@ def make_engine(
     gpu_memory_utilization: float = 0.4,
     server=None,
     weight_dir=None,
+    perturbation: Perturbation | None = None,
 ):
     """The rollout engine named in `rollout.engine` (`gpu_memory_utilization`: vllm's share of the GPU;
-    `server`, `weight_dir`: vllm_server's pool (`rollout.server`) and where its pushes go by default)."""
+    `server`, `weight_dir`: vllm_server's pool (`rollout.server`) and where its pushes go by default;
+    `perturbation`: the rollout copy's doses, hf only)."""
     if name == "hf":
-        return HFEngine(model, tokenizer, dtype=dtype)
+        return HFEngine(model, tokenizer, dtype=dtype, perturbation=perturbation)
+    if perturbation is not None and perturbation.active:
+        raise ValueError(f"a rollout perturbation ({perturbation}) needs rollout.engine=hf; got {name!r}")
     if name == "vllm":
         from gspo_study.rollout.vllm_engine import VLLMEngine  # optional GPU extra
 
@@ -33,4 +38,4 @@ def make_engine(
     raise ValueError(f"unknown rollout engine {name!r}; allowed: hf, vllm, vllm_server")
 
 
-__all__ = ["RolloutBatch", "HFEngine", "make_engine", "encode_prompts", "position_ids_from_mask"]
+__all__ = ["RolloutBatch", "HFEngine", "Perturbation", "make_engine", "encode_prompts", "position_ids_from_mask"]

@@ -4,7 +4,8 @@ Why not `model.generate`: we need the sampled tokens' log-probs under the engine
 `old_logprobs: rollout`, §5.4), routing recorded across prefill and every decode step (R3), one explicit
 `torch.Generator` per rollout (so every algorithm of a seed draws from the same random stream), and few
 Python steps per token. The engine can run a separate lower-precision copy of the policy
-(`rollout.dtype: bfloat16`) to study train–inference mismatch; `sync` copies the trainer's weights in.
+(`rollout.dtype: bfloat16`), or a perturbed copy (`rollout.router_precision`, `router_noise`, `head_noise`:
+gspo_study.rollout.perturb), to study train–inference mismatch; `sync` copies the trainer's weights in.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from transformers import DynamicCache
 from gspo_study.errors import NonFiniteError
 from gspo_study.moe import record_routing
 from gspo_study.rollout.base import RolloutBatch, encode_prompts, position_ids_from_mask  # noqa: F401 (re-exported)
+from gspo_study.rollout.perturb import Perturbation, PerturbedCopy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -28,14 +30,18 @@ class HFEngine:
     records_routing = True  # recording changes none of its tokens (the hooks only read the routers)
     writes_weights = False
 
-    def __init__(self, model, tokenizer, dtype: str | None = None):
-        """`dtype` None: the model's own (no copy; what evaluation uses, also for a bf16 or ZeRO-3 model)."""
+    def __init__(self, model, tokenizer, dtype: str | None = None, perturbation: Perturbation | None = None):
+        """`dtype` None: the model's own (no copy; what evaluation uses, also for a bf16 or ZeRO-3 model).
+        `perturbation`: what the engine's copy computes differently from the trainer (gspo_study.rollout.perturb)."""
         self.tokenizer = tokenizer
         param_dtype = next(model.parameters()).dtype
         self.dtype = param_dtype if dtype is None else DTYPES[dtype]
-        # A separate copy only when the engine's precision differs from the trainer's.
-        self.model = model if param_dtype == self.dtype else copy.deepcopy(model).to(self.dtype)
+        perturbation = perturbation or Perturbation()
+        # A separate copy only when the engine's precision differs from the trainer's, or its copy is perturbed.
+        same = param_dtype == self.dtype and not perturbation.active
+        self.model = model if same else copy.deepcopy(model).to(self.dtype)
         self.shares_weights = self.model is model
+        self.perturbed = PerturbedCopy(self.model, perturbation) if perturbation.active else None
 
     def sync(self, model, gather=None, full_state=None) -> None:
         """Copy the trainer's current weights into the engine (no-op when they share weights); `gather`: a
@@ -68,6 +74,8 @@ class HFEngine:
             if len(row_seeds) != len(prompts):
                 raise ValueError(f"{len(row_seeds)} row seeds for {len(prompts)} prompts")
             generator = [torch.Generator().manual_seed(int(s)) for s in row_seeds]
+        if self.perturbed is not None:
+            self.perturbed.reseed(generator)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -98,6 +106,8 @@ class HFEngine:
                 .float()
                 .cpu()
             )
+            if self.perturbed is not None:
+                logits = self.perturbed.head(logits)
             if not torch.isfinite(logits).all():
                 raise NonFiniteError(f"the policy produced non-finite logits at decode step {step}; the run diverged")
             logprobs = torch.log_softmax(logits / temperature, dim=-1)
