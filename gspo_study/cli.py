@@ -101,6 +101,24 @@ def _cmd_sweep(args) -> None:
     run_figure(args.figure, args.scale, seeds, tuple(args.overrides), jobs=args.jobs)
 
 
+def _cmd_calibrate(args) -> None:
+    from gspo_study.calibrate import GRID, calibrate, write
+
+    axes = [a for a in args.axes.split(",") if a]
+    bad = [a for a in axes if a not in GRID]
+    if bad or not axes:
+        raise ConfigError(f"bad --axes {args.axes!r}; allowed: a comma list of {', '.join(GRID)}")
+    for name, most in (("batches", 64), ("steps", 100)):  # each dose reruns these: minutes, not hours
+        value = getattr(args, name)
+        if not 1 <= value <= most:
+            raise ConfigError(f"bad --{name} {value}; allowed: an integer in [1, {most}]")
+    overrides = tuple(args.overrides)
+    cfg = load_config(None, [f"scale={args.scale}", *overrides])  # a bad scale or override: one line, before any work
+    rows = calibrate(args.scale, tuple(axes), args.batches, args.steps, overrides)
+    out = write(rows, Path(args.out) if args.out else cfg.out_dir / "calibration.csv")
+    print(f"calibration: {len(rows)} rows in {out}")
+
+
 def _cmd_prune(args) -> None:
     from gspo_study.models.prune import prune
 
@@ -238,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=8000, help="port to listen on")
     v.add_argument("--print", action="store_true", help="print the vLLM command line instead of running it")
     v.set_defaults(fn=_cmd_rollout_server)
+    k = sub.add_parser("calibrate", help="the routing frontier's doses measured on a cold start (docs/FRONTIER.md)")
+    k.add_argument("--scale", default="cpu", help="smoke | cpu | gpu | paper")
+    k.add_argument("--axes", default="M,control,V", help="comma list of M, control, V")
+    k.add_argument("--batches", type=int, default=4, help="rollout batches per dose (axis M, control)")
+    k.add_argument("--steps", type=int, default=4, help="RL steps per dial value (axis V)")
+    k.add_argument("--out", help="CSV to write (default: results/<scale>/calibration.csv)")
+    k.add_argument("overrides", nargs="*", help="key.sub=value overrides for every reading")
+    k.set_defaults(fn=_cmd_calibrate)
     r = sub.add_parser("prune", help="a local Qwen3-MoE checkpoint cut to N layers and E experts per layer")
     r.add_argument("src", help="local Qwen3-MoE checkpoint directory")
     r.add_argument("dst", help="new directory for the pruned checkpoint")

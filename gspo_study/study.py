@@ -77,17 +77,22 @@ def run_config(
 
 def sweep_cells(spec: dict, scale: str) -> list[tuple[str, ...]]:
     """Every combination of a figure's `sweep: {<scale>: {key: [values]}}` as `key=value` overrides
-    ([()] for a figure without a sweep)."""
+    ([()] for a figure without a sweep). A `cells: [{key: value, ...}, ...]` entry lists cells that are not a
+    product (a dose axis and its controls): each is crossed with the other keys' combinations, after them."""
     if not spec.get("sweep"):
         return [()]
     if scale not in spec["sweep"]:
         raise ConfigError(f"figure sweep has no values for scale {scale!r}; allowed: {', '.join(spec['sweep'])}")
-    sweep = spec["sweep"][scale]
+    sweep = dict(spec["sweep"][scale])
+    listed = sweep.pop("cells", [{}])
+    if not isinstance(listed, list) or not listed or not all(isinstance(c, dict) for c in listed):
+        raise ConfigError(f"figures.yaml: sweep 'cells' must be a non-empty list of mappings, got {listed!r}")
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"figures.yaml: sweep '{key}' must be a non-empty list of values, got {values!r}")
     axes = [[f"{key}={value}" for value in values] for key, values in sweep.items()]
-    return [tuple(cell) for cell in itertools.product(*axes)]
+    extra = [tuple(f"{key}={value}" for key, value in cell.items()) for cell in listed]
+    return [(*cell, *more) for cell in itertools.product(*axes) for more in extra]
 
 
 def figure_configs(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[tuple[str, Config]]:

@@ -161,3 +161,31 @@ def test_config_switches(tmp_path):
         assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="needs rollout.engine=hf"):
         make_engine("vllm", None, None, perturbation=Perturbation(router_noise=0.1))
+
+
+def test_calibration_reads_each_axis(smoke_results, tmp_path, monkeypatch):
+    """`python -m gspo_study calibrate` on the smoke cold start, one dose per dial: dose 0 moves nothing, the
+    control moves k3 and no routing, a router dose flips routing, and axis V reads the drift per update."""
+    import pandas as pd
+
+    from gspo_study import calibrate as cal
+    from gspo_study.cli import main
+
+    monkeypatch.setattr(
+        cal,
+        "GRID",
+        {
+            "M": {"rollout.router_noise": [0.0, 1.0]},
+            "control": {"rollout.head_noise": [1.0]},
+            "V": {"train.router_lr_scale": [30.0]},
+        },
+    )
+    out = tmp_path / "calibration.csv"
+    args = ["--scale", "smoke", "--batches", "1", "--steps", "2", "--out", str(out), f"results_dir={smoke_results}"]
+    assert main(["calibrate", *args]) == 0
+    t = pd.read_csv(out, dtype={"dose": str}).set_index(["dial", "dose", "measure"])["mean"]
+    assert t["rollout.router_noise", "0.0", "flips_per_layer"] == 0 and t["rollout.router_noise", "0.0", "k3"] < 1e-9
+    assert t["rollout.router_noise", "1.0", "flips_per_layer"] > 0.05 and t["rollout.router_noise", "1.0", "k3"] > 0
+    assert t["rollout.head_noise", "1.0", "flips_per_layer"] == 0 and t["rollout.head_noise", "1.0", "k3"] > 1e-3
+    assert t["train.router_lr_scale", "30.0", "per_update"] > 0
+    assert main(["calibrate", "--axes", "Q", *args]) == 2  # a bad axis: one line, nothing written
