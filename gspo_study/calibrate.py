@@ -32,8 +32,11 @@ GRID: dict[str, dict[str, list]] = {
         "rollout.router_noise": [0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0],
         "rollout.router_precision": ["bfloat16", "float16", "float8_e4m3"],
     },
-    "control": {"rollout.head_noise": [0.01, 0.03, 0.1, 0.3, 1.0]},
-    "V": {"train.router_lr_scale": [1.0, 3.0, 10.0, 30.0, 100.0, 300.0], "train.num_minibatches": [4, 8, 16]},
+    "control": {"rollout.head_noise": [0.01, 0.03, 0.1, 0.3, 1.0, 1.25, 1.5]},
+    "V": {
+        "train.router_lr_scale": [1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0],
+        "train.num_minibatches": [4, 8, 16],
+    },
 }
 PAPER = {  # the published levels each axis is dosed against (shared/PAPER.md, shared/COLLAPSE.md)
     "per_update": 0.10,  # GSPO paper §5.3: ≈ 10 % of activated experts change after one update (48 layers)
