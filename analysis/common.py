@@ -594,8 +594,9 @@ def _caption(study: Study, figure: int, title: str, panels: list[Panel], width: 
     if len(smoothed):
         pooled = [q.pooled for q in map(quantity, smoothed.metric.unique()) if q.pooled]
         said = "".join(f" (pooled: 1 − Σ {_short(n)} / Σ {_short(d)})" for n, d in pooled)
-        lines.append(f"Curves of {LONG}+ steps: each seed's centered mean (or median) over the window marked{said}, "
-                     "then over seeds; faint: unsmoothed")  # fmt: skip
+        how = "mean (or median)" if (smoothed.stat == "range").any() else "mean"
+        lines.append(f"Curves of {LONG}+ steps: each seed's centered {how} over the window marked{said}, then over "
+                     "seeds; faint: unsmoothed")  # fmt: skip
     if ((rows.kind == "point") & (rows.n_seeds == 1)).any():
         lines.append("Points without bars: one seed at one step")
     return "\n".join(textwrap.fill(line, width) for line in lines)
