@@ -224,3 +224,13 @@ def test_the_csv_holds_what_is_drawn(figure_11):
     drawn = [ln.get_ydata() for ln in ax.lines if (ln.get_alpha() or 1) > 0.3 and len(ln.get_xdata()) == STEPS]
     want = rows[(rows.panel == "a") & (rows.run == ARMS[0])].sort_values("step").line.to_numpy()
     assert any(np.allclose(d, want) for d in drawn)
+
+
+def test_every_shipped_metric_has_a_range():
+    """A metric a shipped figure draws without an entry in `QUANTITIES` would get an unbounded band: none does."""
+    metrics = set()
+    for path in sorted((ROOT / "results" / "cpu").glob("figure-*.csv")):
+        metrics |= set(pd.read_csv(path, usecols=["metric"]).metric)
+    unbounded = sorted(m for m in metrics if common.quantity(m) == common.Quantity())
+    assert metrics and not unbounded, unbounded
+    assert common.quantity("no/such_metric") == common.Quantity()  # the check can fail
