@@ -35,9 +35,9 @@ from analysis.common import (  # noqa: E402
     label,
     load,
     log_outputs,
-    mean_ci,
     points,
     reference,
+    seed_stats,
 )
 from gspo_study.archive import draw_notice  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
@@ -48,6 +48,7 @@ from gspo_study.study import figure_configs, figure_spec, parse_seeds  # noqa: E
 PAPER_CLIP_FRAC = {"gspo": 0.15, "grpo_r2": 0.0013}  # average fraction of clipped tokens, GSPO vs GRPO
 PAPER_VOLATILITY = 0.10  # ~10% of activated experts change after one gradient update (48-layer MoE)
 CLIP, VOL = "policy/clip_frac/token", "moe/routing_volatility"
+LOG_AXIS = {"mismatch/k3", "train/grad_norm"}  # positive, spanning orders of magnitude over training
 
 
 def _reward_pass(s: Study) -> list[Panel]:
@@ -100,13 +101,14 @@ def figure_5(s: Study) -> list[Panel]:
 def figure_6(s: Study) -> list[Panel]:
     return [
         *_reward_pass(s),
-        Panel(curves(s, "mismatch/k3", "c"), "(c) rollout–trainer k3 KL", "k3"),
+        Panel(curves(s, "mismatch/k3", "c"), "(c) rollout–trainer k3 KL", "k3 (log scale)", logy=True),
         Panel(curves(s, "mismatch/f_tau_2", "d"), "(d) tokens with ratio beyond ×2", "F(τ=2)"),
     ]
 
 
 def figure_7(s: Study) -> list[Panel]:
-    return [*_reward_pass(s), Panel(curves(s, "mismatch/k3", "c"), "(c) rollout–trainer k3 KL", "k3")]
+    k3 = Panel(curves(s, "mismatch/k3", "c"), "(c) rollout–trainer k3 KL", "k3 (log scale)", logy=True)
+    return [*_reward_pass(s), k3]
 
 
 def depth(cfg) -> int:
@@ -148,7 +150,6 @@ def figure_8(s: Study) -> list[Panel]:
         panel = next(letters)
         rows = []
         for (run, lr), g in at_depth.groupby(["run", "lr"], sort=False):
-            mean, lo, hi, n = mean_ci(g.final)
             rows.append(
                 csv_row(
                     panel=panel,
@@ -159,10 +160,7 @@ def figure_8(s: Study) -> list[Panel]:
                     x_name="train.lr",
                     x=lr,
                     step=g.final_step.max(),
-                    mean=mean,
-                    lower=lo,
-                    upper=hi,
-                    n_seeds=n,
+                    **seed_stats(g.final, PASS1),
                     cell=g.cell.iat[0],
                 )
             )
@@ -188,7 +186,6 @@ def figure_8(s: Study) -> list[Panel]:
         )
     panel, rows = next(letters), []
     for (run, cell), g in t.groupby(["run", "cell"], sort=False):
-        mean, lo, hi, n = mean_ci(g.final - g.start)
         rows.append(
             csv_row(
                 panel=panel,
@@ -199,10 +196,7 @@ def figure_8(s: Study) -> list[Panel]:
                 x_name=f"{VOL}/overall",
                 x=float(g.vol.mean()),
                 step=g.final_step.max(),
-                mean=mean,
-                lower=lo,
-                upper=hi,
-                n_seeds=n,
+                **seed_stats(g.final - g.start, f"{PASS1} change"),
                 cell=cell,
             )
         )
@@ -267,21 +261,18 @@ def figure_9(s: Study) -> list[Panel]:
             if not {("grpo", lag), ("grpo_r2", lag)} <= {(run, la) for run, la, _ in t.index}:
                 continue
             d = (t.loc[("grpo", lag)][col] - t.loc[("grpo_r2", lag)][col]).dropna()
-            mean, lo, hi, n = mean_ci(d)
+            metric = f"{PASS1 if col == 'final' else REWARD} difference"
             rows.append(
                 csv_row(
                     panel=panel,
                     kind="point",
                     series="GRPO (no replay) − GRPO + R2",
                     run="grpo",
-                    metric=f"{PASS1 if col == 'final' else REWARD} difference",
+                    metric=metric,
                     x_name=INSTRUMENT["share"],
                     x=float(t.loc[("grpo", lag)].share.mean()),
                     step=int(t.loc[("grpo", lag)].final_step.max()),
-                    mean=mean,
-                    lower=lo,
-                    upper=hi,
-                    n_seeds=n,
+                    **seed_stats(d, metric),
                     cell=f"{LAG}={lag}",
                 )
             )
@@ -301,7 +292,6 @@ def figure_9(s: Study) -> list[Panel]:
         rows = []
         for key in keys:
             for (run, lag), g in t.groupby(level=["run", "lag"], sort=False):
-                mean, lo, hi, n = mean_ci(g[key])
                 rows.append(
                     csv_row(
                         panel=panel,
@@ -312,10 +302,7 @@ def figure_9(s: Study) -> list[Panel]:
                         x_name=LAG,
                         x=float(lag),
                         step=int(g.final_step.max()),
-                        mean=mean,
-                        lower=lo,
-                        upper=hi,
-                        n_seeds=n,
+                        **seed_stats(g[key], INSTRUMENT[key]),
                     )
                 )
         panels.append(Panel(pd.DataFrame(rows, columns=COLUMNS), title, ylabel, "policy lag (steps)"))
@@ -337,7 +324,6 @@ def finals(s: Study, metric: str, panel: str, last_interval: bool = False) -> pd
             f = s.frame[(s.frame.run_id == r.run_id) & (s.frame.metric == metric)].sort_values("step")
             start = r.cfg.train.steps - r.cfg.eval.every if r.cfg.eval.every > 0 else 0
             per_seed.append(f[f.step > start].value.mean() if last_interval else f.value.iat[-1])
-        mean, lo, hi, n = mean_ci(per_seed)
         rows.append(
             csv_row(
                 panel=panel,
@@ -347,10 +333,7 @@ def finals(s: Study, metric: str, panel: str, last_interval: bool = False) -> pd
                 metric=metric,
                 x_name=" ",
                 x=0,
-                mean=mean,
-                lower=lo,
-                upper=hi,
-                n_seeds=n,
+                **seed_stats(per_seed, metric),
             )
         )
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -372,8 +355,8 @@ FIGURES[10] = figure_10
 LONG = {  # figure 11's panels: what the papers watch before a collapse (shared/COLLAPSE.md), per arm over training
     "a": (REWARD, "(a) training reward", "mean reward"),
     "b": (PASS1, "(b) held-out pass@1", "mean pass@1"),
-    "c": ("mismatch/k3", "(c) train–inference k3 KL", "k3"),
-    "d": ("train/grad_norm", "(d) gradient norm", "global L2 norm"),
+    "c": ("mismatch/k3", "(c) train–inference k3 KL", "k3 (log scale)"),
+    "d": ("train/grad_norm", "(d) gradient norm", "global L2 norm (log scale)"),
     "e": (f"{ROUTE}/r2_removed_share", "(e) share of Var log-ratio R2 would remove", "1 − Var ℓ^pol / Var ℓ"),
     "f": ("moe/train_infer_routing/tokens_any_changed", "(f) tokens routed differently by the rollout engine",
           "share of tokens (≥ 1 layer)"),
@@ -382,7 +365,10 @@ LONG = {  # figure 11's panels: what the papers watch before a collapse (shared/
 
 def figure_11(s: Study) -> list[Panel]:
     """The long horizon under a train–inference mismatch (issue 32 §2): per arm, mean and interval over seeds."""
-    return [Panel(curves(s, metric, panel), title, ylabel) for panel, (metric, title, ylabel) in LONG.items()]
+    return [
+        Panel(curves(s, metric, panel), title, ylabel, logy=metric in LOG_AXIS)
+        for panel, (metric, title, ylabel) in LONG.items()
+    ]
 
 
 FIGURES[11] = figure_11

@@ -1,13 +1,14 @@
-"""The result numbers of README.md and docs/FIGURES.md, written from the shipped study, never typed in.
+"""The numbers of the docs, written from the shipped study and the measurements, never typed in.
 
     python analysis/readme.py [--scale cpu] [--check]
 
 Each document holds marked blocks, `<!-- BEGIN <name> -->` … `<!-- END <name> -->`; this script rewrites every
 one from `results/<scale>/REPORT.json` (the report's estimates and verdicts, `make report`), the figure CSVs and
-the shipped runs' own start and end times (`results/<scale>/study-runs.parquet`). `make report` runs it at the CPU
+the shipped runs' own start and end times (`results/<scale>/study-runs.parquet`). The blocks of `MEASURED`
+(docs/RELIABILITY.md, docs/SCALE.md) and README's test time come from their measurements' JSON under results/ and
+the gpu scale's configs (benchmarks/). `make report` runs it at the CPU
 scale; `--check` exits 1 and names the block when a document differs from what the results say (the test
-`tests/test_readme.py` does the same, so a redraw that changes a number fails until the text follows).
-"""
+`tests/test_readme.py` does the same, so a redraw that changes a number fails until the text follows)."""
 
 from __future__ import annotations
 
@@ -150,7 +151,85 @@ def blocks(scale: str = "cpu") -> dict[str, str]:
         "figure-1": _figure_1(results, records, walls),
         "results": _results_table(records, walls),
         "claims": _claims_list(records),
+        "test-time": _test_time(),
     }
+
+
+# ------------------------------------------------------------------------------------------------ measured blocks
+# The blocks of the other documents, written from measurements and configs rather than from the study, by the same
+# BEGIN/END mechanism (one way for a number to reach a doc): document → {block: writer}.
+def _script(name: str):
+    """benchmarks/<name>.py as a module (a folder of scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _test_time(results: Path = ROOT / "results") -> str:
+    """`make test` in clean clones (results/test_times.json, written by benchmarks/test_times.py)."""
+    t = json.loads((results / "test_times.json").read_text())
+    tests = [c["tests_s"] / 60 for c in t["clean_clones"]]
+    total = [c["total_s"] / 60 for c in t["clean_clones"] if c.get("total_s")]
+    return (
+        f"`make test` in a clean clone on a {t['machine']}: {min(total):.0f}–{max(total):.0f} min with both "
+        f"environments built, of which {min(tests):.0f}–{max(tests):.0f} min of tests ({len(tests)} clones, "
+        f"{t['measured']}, docs/LOG.md); later runs take the tests alone.\n"
+    )
+
+
+def _bench_memory(results: Path = ROOT / "results") -> str:
+    """docs/RELIABILITY.md: the memory estimate against measured peaks (results/bench_memory.json, `make bench`)."""
+    return _script("bench_memory").table(json.loads((results / "bench_memory.json").read_text())) + "\n"
+
+
+def _gpu_scale() -> str:
+    """docs/SCALE.md: per figure at the gpu scale, its runs, steps, estimated peak memory and time (its configs)."""
+    gpu_scale = _script("gpu_scale")
+    return gpu_scale.table(gpu_scale.rows()) + "\n"
+
+
+def _gpu_model() -> str:
+    """docs/SCALE.md: the gpu scale's model, its sizes and its training state, from its preset."""
+    gpu_scale = _script("gpu_scale")
+    return gpu_scale.model_sizes() + "\n"
+
+
+def _bench_trl(results: Path = ROOT / "results") -> str:
+    """docs/RELIABILITY.md: our RL step against TRL's (results/bench.json, `make bench`)."""
+    b = json.loads((results / "bench.json").read_text())
+    r, f = b["ratios"], b["floor"]
+    ours = [f["runs"][k]["efficiency"] for k in ("ours-gspo", "ours-grpo-r2")]
+    trl = [v["efficiency"] for k, v in f["runs"].items() if k.startswith("trl-")]
+    need = [v["efficiency"] for v in f["at_2x"].values()]
+    pct = lambda xs: f"{min(xs):.0%}–{max(xs):.0%}".replace("%–", "–")  # noqa: E731
+    return (
+        f"Tokens per second of an RL step against TRL's (`results/bench.json`, the machine at "
+        f"{f['gemm_gflops']:.0f} GFLOP/s): GSPO {r['ours-gspo / trl-gspo']:.2f}× and GRPO + R2 "
+        f"{r['ours-grpo-r2 / trl-grpo']:.2f}× with TRL on transformers' stock experts kernel; "
+        f"{r['ours-gspo / trl-gspo@grouped_mm_index']:.2f}× and {r['ours-grpo-r2 / trl-grpo@grouped_mm_index']:.2f}× "
+        f"with our `grouped_mm_index` kernel in TRL too. Routing replay costs "
+        f"{b['parts']['replay']['r2_update_overhead_pct']:+.1f} % of the update. Our step runs at {pct(ours)} of the "
+        f"machine's fp32 matmul rate at the model's shapes, TRL's at {pct(trl)}; 2× TRL would need {pct(need)}.\n"
+    )
+
+
+MEASURED = {
+    ROOT / "docs" / "RELIABILITY.md": {"bench-memory": _bench_memory, "bench-trl": _bench_trl},
+    ROOT / "docs" / "SCALE.md": {"gpu-model": _gpu_model, "gpu-scale": _gpu_scale},
+}
+
+
+def stale_measured() -> list[str]:
+    """The documents of MEASURED whose blocks differ from what their writers say."""
+    out = []
+    for path, writers in MEASURED.items():
+        text = path.read_text()
+        if rewrite(text, {name: write() for name, write in writers.items()}) != text:
+            out.append(str(path.relative_to(ROOT)))
+    return out
 
 
 def rewrite(text: str, found: dict[str, str]) -> str:
@@ -177,13 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="only say which documents are stale (exit 1 if any)")
     args = p.parse_args(argv)
     if args.check:
-        bad = stale(args.scale)
+        bad = stale(args.scale) + stale_measured()
         for path in bad:
             print(f"stale: {path} (rewrite it with python analysis/readme.py)")
         return 1 if bad else 0
     found = blocks(args.scale)
     for path in DOCS:
         path.write_text(rewrite(path.read_text(), found))
+        print(path.relative_to(ROOT))
+    for path, writers in MEASURED.items():
+        path.write_text(rewrite(path.read_text(), {name: write() for name, write in writers.items()}))
         print(path.relative_to(ROOT))
     return 0
 

@@ -56,7 +56,7 @@ def one(overrides: list[str]) -> dict:
 
 
 def table(results: dict) -> str:
-    """The markdown table docs/RELIABILITY.md shows (tests/test_docs_numbers.py checks it against the JSON)."""
+    """The markdown table of docs/RELIABILITY.md's `bench-memory` block (written there by analysis/readme.py)."""
     lines = ["| overrides (4-layer CPU cold start) | measured | estimated | error |", "|---|---|---|---|"]
     for c in results["cases"]:
         lines.append(

@@ -2,8 +2,10 @@
 RL steps, the suite's own peak-memory estimate of its largest step (`gspo_study.train.memory.estimate`, the
 arithmetic every run is checked with before it is tracked), and an estimated time on one GPU.
 
-    python benchmarks/gpu_scale.py            # prints the table
-    python benchmarks/gpu_scale.py --write    # rewrites docs/SCALE.md's gpu-scale block (tests/test_gpu_scale.py)
+    python benchmarks/gpu_scale.py            # prints the table and the model's sizes
+
+docs/SCALE.md's `gpu-scale` and `gpu-model` blocks are this script's `table` and `model_sizes`, written there by
+`python analysis/readme.py` with the docs' other numbers (tests/test_gpu_scale.py fails when they are stale).
 
 The time is an estimate, not a measurement (no GPU has been lent to this project): RL steps × SECONDS_PER_STEP
 plus evaluations × SECONDS_PER_EVAL, both assumed for the 48-layer miniature on one H200, where the step is
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -33,8 +34,8 @@ from gspo_study.train.memory import GIB, Shapes, estimate, longest_prompt  # noq
 
 SECONDS_PER_STEP = 1.5  # assumed: one RL step of the gpu base (64 prompts × 8, 40 new tokens) on one H200
 SECONDS_PER_EVAL_BATCH = 0.6  # assumed: 40 decode steps of one evaluation batch
-BEGIN, END = "<!-- gpu-scale:begin (benchmarks/gpu_scale.py --write) -->", "<!-- gpu-scale:end -->"
-DOC = ROOT / "docs" / "SCALE.md"
+STATE_BYTES = 4 + 4 + 8 + 2  # per parameter: fp32 weights, gradients, AdamW's two moments, the bf16 engine copy
+MODEL = "qwen3-moe-mini"  # the gpu scale's preset (experiments/gpu/base.yaml)
 
 
 @functools.cache
@@ -82,30 +83,27 @@ def table(data: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def block(data: list[dict]) -> str:
-    return f"{BEGIN}\n{table(data)}\n{END}"
+def model_sizes(preset: str = MODEL) -> str:
+    """The model's shape and sizes, and its training state, in two sentences (docs/SCALE.md's `gpu-model` block)."""
+    from gspo_study.models.presets import active_params
 
-
-def written() -> str:
-    """The block docs/SCALE.md holds now."""
-    text = DOC.read_text()
-    found = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), text, re.S)
-    return found[0] if found else ""
+    model = model_of(preset, None)
+    c, total = model.config, sum(p.numel() for p in model.parameters())
+    lag = 8
+    return (
+        f"`{preset}`: {c.num_hidden_layers} layers, {c.num_experts} experts, top-{c.num_experts_per_tok}, hidden size "
+        f"{c.hidden_size}; {total / 1e6:.0f} M parameters, {active_params(c) / 1e6:.1f} M of them active per token. "
+        f"Its training state at {STATE_BYTES} B per parameter (fp32 weights 4 B, gradients 4 B, AdamW's two moments "
+        f"8 B, the bf16 engine copy 2 B) is {STATE_BYTES * total / 1e9:.1f} GB; a policy lag of k adds k + 2 fp32 "
+        f"copies, {(lag + 2) * 4 * total / 1e9:.1f} GB more at k = {lag}."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--write", action="store_true", help="rewrite docs/SCALE.md's block")
-    args = p.parse_args(argv)
-    new = block(rows())
-    if not args.write:
-        print(new)
-        return 0
-    old = written()
-    if not old:
-        print(f"error: {DOC} has no {BEGIN} … {END} block", file=sys.stderr)
-        return 2
-    DOC.write_text(DOC.read_text().replace(old, new))
+    p.parse_args(argv)
+    print(table(rows()))
+    print(model_sizes())
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,26 +17,11 @@ torch.set_num_threads(1)
 SMOKE = "experiments/smoke/base.yaml"
 
 # `make test` runs the files on two workers (`--dist loadfile --no-loadscope-reorder`), each file whole, in the order
-# collected: the longest first (seconds per file on a 2-core machine, docs/LOG.md 2026-12-04), so that the two
-# workers finish together instead of one idling while the other runs a long file last. A file not listed runs after
-# these, in its usual order; the weights only order, they skip nothing.
-LONGEST_FIRST = {
-    "test_vllm_server.py": 146,
-    "test_figures.py": 141,
-    "test_gpu_check.py": 110,
-    "test_reliability.py": 87,
-    "test_reliability_table.py": 84,
-    "test_deepspeed.py": 84,
-    "test_vllm_engine.py": 76,
-    "test_mlflow_ui.py": 53,
-    "test_archive.py": 39,
-    "test_sigterm.py": 39,
-    "test_failed_writes.py": 39,
-    "test_trainer.py": 17,
-    "test_policy_lag.py": 11,
-    "test_mlflow_server.py": 9,
-    "test_identity.py": 8,
-}
+# collected: the longest first (seconds per file in a clean clone, results/test_times.json, benchmarks/test_times.py),
+# so that the two workers finish together instead of one idling while the other runs a long file last. A file not
+# listed runs after these, in its usual order; the weights only order, they skip nothing.
+TIMES = Path(__file__).resolve().parents[1] / "results" / "test_times.json"
+LONGEST_FIRST = json.loads(TIMES.read_text())["per_file_s"]
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -1,18 +1,38 @@
-"""Numbers in docs that come from measurements are the measurements' own (written from their JSON)."""
+"""Numbers in the docs reach them one way: analysis/readme.py's marked blocks. The measured ones (the memory estimate's
+error, our speed against TRL, `make test`'s time) are their measurements' JSON, and a changed measurement makes
+its document stale until the block is rewritten."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from analysis import readme
 
 
-def test_reliability_memory_table_is_the_benchmark_json():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_memory
+def test_measured_blocks_are_their_measurements():
+    assert readme.stale_measured() == [], "run: python analysis/readme.py"
+    for path, writers in readme.MEASURED.items():
+        assert {m["name"] for m in readme.BLOCK.finditer(path.read_text())} == set(writers), path
 
-    text = (ROOT / "docs/RELIABILITY.md").read_text()
-    block = text.split("checked by tests/test_docs_numbers.py -->\n", 1)[1].split("\n<!-- end -->", 1)[0]
-    assert block == bench_memory.table(json.loads((ROOT / "results/bench_memory.json").read_text()))
+
+def test_a_changed_measurement_is_caught(tmp_path):
+    """The blocks read the JSON the benchmark wrote: change one number there and the document no longer agrees."""
+    path = readme.ROOT / "docs" / "RELIABILITY.md"
+    text = path.read_text()
+    bench = json.loads((readme.ROOT / "results" / "bench_memory.json").read_text())
+    bench["cases"][0]["measured_step_mib"] += 100
+    (tmp_path / "bench_memory.json").write_text(json.dumps(bench))
+    changed = readme.rewrite(text, {"bench-memory": readme._bench_memory(tmp_path), "bench-trl": "x\n"})
+    assert changed != text and f"| {bench['cases'][0]['measured_step_mib']:.0f} MiB |" in changed
+
+
+def test_test_time_is_one_file():
+    """`make test`'s time: README's block and the test files' order (tests/conftest.py) read results/test_times.json."""
+    from tests import conftest
+
+    times = json.loads((readme.ROOT / "results" / "test_times.json").read_text())
+    assert conftest.LONGEST_FIRST == times["per_file_s"]
+    tests = [c["tests_s"] / 60 for c in times["clean_clones"]]
+    said = readme._test_time()
+    assert f"of which {min(tests):.0f}–{max(tests):.0f} min of tests" in said
+    assert said in (readme.ROOT / "README.md").read_text()

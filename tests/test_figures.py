@@ -18,7 +18,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
 
-from analysis import figures, report  # noqa: E402
+from analysis import common, figures, report  # noqa: E402
 from gspo_study.config import ConfigError  # noqa: E402
 from gspo_study.run import run_key  # noqa: E402
 from gspo_study.study import figure_configs, run_config, run_figure  # noqa: E402
@@ -112,6 +112,38 @@ def expected(row, hist, seeds) -> tuple[float, float, float, float, int]:
     return (x, *seed_stats([hist[(row.run, s)][key][step] for s in have]))
 
 
+def drawn_values(row, hist, seeds) -> tuple[float, float, float]:
+    """(line, band_lower, band_upper) of a CSV row, recomputed: a curve's seeds each smoothed over the row's window
+    of centered steps (the mean; the median for a heavy-tailed quantity; a pooled share as 1 − Σ num / Σ den), then
+    over seeds the mean and t-interval cut to the quantity's range, or the median and seed range."""
+    q = common.quantity(row.metric)
+    if row.kind in ("reference", "point"):
+        return row.mean, math.nan, math.nan
+    key = mlflow_key(row.metric)
+    if row.kind == "bar":
+        values = [np.mean(list(hist[(row.run, s)][key].values())) for s in seeds]
+    else:
+        logged = set().union(*(hist[(row.run, s)][key] for s in seeds))
+        assert row.window == 2 * (len(logged) // 20) + 1  # about a tenth of the steps; 1 (none) under 20
+        h, values = int(row.window) // 2, []
+        for s in seeds:
+            steps = sorted(hist[(row.run, s)][key])
+            if row.step not in steps:
+                continue
+            i = steps.index(int(row.step))
+            near = steps[max(0, i - h) : i + h + 1]
+            if q.pooled:
+                num, den = (sum(hist[(row.run, s)][mlflow_key(m)][t] for t in near) for m in q.pooled)
+                values.append(1 - num / den if den else 0.0)
+            else:
+                values.append((np.median if q.stat == "range" else np.mean)([hist[(row.run, s)][key][t] for t in near]))
+    if q.stat == "range":
+        spread = (float(min(values)), float(max(values))) if len(values) > 1 else (math.nan, math.nan)
+        return float(np.median(values)), *spread
+    mean, lo, hi, _ = seed_stats(values)
+    return mean, max(lo, q.low) if not math.isnan(lo) else lo, min(hi, q.high) if not math.isnan(hi) else hi
+
+
 def close(a, b) -> bool:
     return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-9
 
@@ -120,6 +152,9 @@ def check_csv(csv: pd.DataFrame, figure: int, pairs, hist) -> None:
     for row in csv.itertuples():
         want = expected(row, hist, SEEDS)
         got = (row.x, row.mean, row.lower, row.upper, row.n_seeds)
+        assert all(close(float(a), float(b)) for a, b in zip(got, want)), (row, want)
+        want = drawn_values(row, hist, SEEDS)
+        got = (row.line, row.band_lower, row.band_upper)
         assert all(close(float(a), float(b)) for a, b in zip(got, want)), (row, want)
     for metric, g in csv[csv.kind == "curve"].groupby("metric"):  # every logged step is drawn
         for run, rows in g.groupby("run"):

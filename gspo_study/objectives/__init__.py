@@ -1,4 +1,4 @@
-"""Policy-gradient objectives (GRPO, GSPO, GSPO-token, CISPO) as pure tensor functions, with metrics.
+"""Policy-gradient objectives (GRPO, GSPO, GSPO-token, CISPO, SAPO, GMPO) as pure tensor functions, with metrics.
 
     objective = get_objective("gspo")                 # paper defaults; aggregation and hyperparameters optional
     objective = get_objective("sapo", tau_neg=1.1)    # each objective owns its hyperparameters
