@@ -1,6 +1,6 @@
 """CPU RL performance side by side with Hugging Face: our rollout engine and RL step vs `generate` and TRL.
 
-    .venv/bin/python benchmarks/bench_rl.py --threads 2 --out results/bench.json
+    .venv/bin/python -m benchmarks.bench_rl --threads 2 --out results/bench.json
 
 On the `qwen3-moe-tiny` preset at its own depth, 8 layers (the cold-start checkpoint when
 `results/cpu/checkpoints/coldstart` exists, else a random-init checkpoint saved to a temp dir; `--checkpoint`
@@ -49,7 +49,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from common import load_average, median, paired_overhead_pct, peak_rss_mb, print_table, timed
+from benchmarks.common import load_average, median, paired_overhead_pct, peak_rss_mb, print_table, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_CONFIG = ROOT / "experiments" / "cpu" / "base.yaml"
@@ -582,7 +582,7 @@ def run_part(args) -> None:
 
 # ------------------------------------------------------------------------------------- parent: orchestrate
 def _child(args, part: str) -> tuple[list[str], dict]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--part", part]
+    cmd = [sys.executable, "-m", "benchmarks.bench_rl", "--part", part]
     cmd += [
         "--threads",
         str(args.threads),

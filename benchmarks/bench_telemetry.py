@@ -1,6 +1,6 @@
 """What the routing telemetry costs, and what its row subsample (`telemetry.route_rows`) costs in accuracy.
 
-    .venv/bin/python benchmarks/bench_telemetry.py \
+    .venv/bin/python -m benchmarks.bench_telemetry \
         --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
 
 GRPO without replay on the CPU base's batch (32 prompts x 8 responses, 4 minibatches) with the 4-layer model and
@@ -91,7 +91,7 @@ def main() -> int:
             for d in range(DRAWS):
                 a = list(seen["args"])
                 t0 = time.perf_counter()
-                out = original(*a[:6], 10_000 * step + d)  # another seeded row draw per d
+                out = original(*a[:2], 10_000 * step + d)  # (ctx, inputs): another seeded row draw per d
                 times.append(time.perf_counter() - t0)
                 for k in READINGS:
                     values[k].append(out[k])

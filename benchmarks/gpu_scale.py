@@ -2,8 +2,8 @@
 RL steps, the suite's own peak-memory estimate of its largest step (`gspo_study.train.memory.estimate`, the
 arithmetic every run is checked with before it is tracked), and an estimated time on one GPU.
 
-    python benchmarks/gpu_scale.py            # prints the table
-    python benchmarks/gpu_scale.py --write    # rewrites docs/SCALE.md's gpu-scale block (tests/test_gpu_scale.py)
+    python -m benchmarks.gpu_scale            # prints the table
+    python -m benchmarks.gpu_scale --write    # rewrites docs/SCALE.md's gpu-scale block (tests/test_gpu_scale.py)
 
 The time is an estimate, not a measurement (no GPU has been lent to this project): RL steps × SECONDS_PER_STEP
 plus evaluations × SECONDS_PER_EVAL, both assumed for the 48-layer miniature on one H200, where the step is
@@ -22,18 +22,17 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gspo_study.models import build_char_tokenizer, build_model
+from gspo_study.run import run_key
+from gspo_study.study import figure_configs, figures, parse_seeds
+from gspo_study.tasks import get_task
+from gspo_study.train.memory import GIB, Shapes, estimate, longest_prompt
 
-from gspo_study.models import build_char_tokenizer, build_model  # noqa: E402
-from gspo_study.run import run_key  # noqa: E402
-from gspo_study.study import figure_configs, figures, parse_seeds  # noqa: E402
-from gspo_study.tasks import get_task  # noqa: E402
-from gspo_study.train.memory import GIB, Shapes, estimate, longest_prompt  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SECONDS_PER_STEP = 1.5  # assumed: one RL step of the gpu base (64 prompts × 8, 40 new tokens) on one H200
 SECONDS_PER_EVAL_BATCH = 0.6  # assumed: 40 decode steps of one evaluation batch
-BEGIN, END = "<!-- gpu-scale:begin (benchmarks/gpu_scale.py --write) -->", "<!-- gpu-scale:end -->"
+BEGIN, END = "<!-- gpu-scale:begin (python -m benchmarks.gpu_scale --write) -->", "<!-- gpu-scale:end -->"
 DOC = ROOT / "docs" / "SCALE.md"
 
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_reliability_memory_table_is_the_benchmark_json():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_memory
+    from benchmarks import bench_memory
 
     text = (ROOT / "docs/RELIABILITY.md").read_text()
     block = text.split("checked by tests/test_docs_numbers.py -->\n", 1)[1].split("\n<!-- end -->", 1)[0]

@@ -4,31 +4,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
+from benchmarks import gpu_scale
 from gspo_study.models.presets import active_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("gpu_scale", ROOT / "benchmarks" / "gpu_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_docs_gpu_scale_block_is_the_scripts():
-    gpu_scale = _module()
     rows = gpu_scale.rows()
     assert {r["figure"] for r in rows} >= {"1", "8", "9", "11"} and all(r["runs"] > 0 for r in rows)
-    assert gpu_scale.written() == gpu_scale.block(rows), "run: python benchmarks/gpu_scale.py --write"
+    assert gpu_scale.written() == gpu_scale.block(rows), "run: python -m benchmarks.gpu_scale --write"
 
 
 def test_docs_model_sizes_are_the_presets():
-    model = _module().model_of("qwen3-moe-mini", None)
+    model = gpu_scale.model_of("qwen3-moe-mini", None)
     total, active = sum(p.numel() for p in model.parameters()), active_params(model.config)
     text = (ROOT / "docs" / "SCALE.md").read_text()
     said = re.search(r"at hidden size 128, (\d+) M\s+parameters of which ([\d.]+) M are active", text)
