@@ -20,7 +20,8 @@ Parts (each is recorded as ok / skipped / failed with its numbers; one failing d
   model) as well as per RL step (π_old vs after the step's 4 updates), with the router calls that replayed a
   trace: a replay run that replayed none fails.
 - `suite`: the suite's own commands on the device — `python -m gspo_study sft` and `train` (GSPO, GRPO + R2, a
-  few steps) at the gpu scale (experiments/gpu/; `--tiny`: its smoke shape) with an MLflow store in DIR/suite,
+  few steps) at the gpu scale (experiments/gpu/; `--tiny`: its smoke shape, GRPO + R2 only) with an MLflow store
+  in DIR/suite,
   checked for parameters on the device (the runs' provenance.device tag), changed weights and finite metrics,
   with seconds per step and peak GPU memory; then `make reproduce-figure-1 SCALE=smoke` on the device; on CUDA
   tests/test_device.py. Skipped with one line where MLflow or the analysis packages are missing (the bundle).
@@ -508,6 +509,9 @@ def part_deepspeed(state: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------- the suite
 SUITE_RUNS = ("gspo", "grpo_r2")  # experiments/runs/<name>.yaml, trained by `python -m gspo_study train`
+# --tiny trains the one with replay (the other is the same command) and a shorter smoke cold start for the figure:
+# the CPU test of this part is the suite's longest test, and its time is process start-ups
+TINY_SUITE_RUNS = ("grpo_r2",)
 SUITE_RESERVE_S = {"cuda": 240.0, "cpu": 150.0}  # seconds kept for the suite part (its commands start processes)
 # --tiny: the gpu scale's files with the smoke shape, task and batch (the CPU test of this part)
 TINY_SUITE = [
@@ -589,13 +593,14 @@ def part_suite(state: dict) -> dict:
     ]
     train = ["train.steps=3", "eval.every=0", "train.checkpoint_every=0", "eval.num_prompts=" + ("4" if tiny else "64")]
     base, coldstart = "experiments/gpu/base.yaml", "experiments/gpu/coldstart.yaml"
-    out = {"device": str(device), "overrides": common}
+    runs = TINY_SUITE_RUNS if tiny else SUITE_RUNS
+    out = {"device": str(device), "overrides": common, "runs": list(runs)}
     _, out["sft_s"] = _suite(["sft", coldstart, *common, *sft], check.left())
     ckpt = resolve_run(load([ROOT / coldstart], [*common, *sft])).coldstart
     out["sft"] = json.loads((ckpt / "sft_log.json").read_text())["meta"]
     before = load_file(str(next(ckpt.glob("*.safetensors"))))
     client = MlflowClient(store)
-    for run in SUITE_RUNS:
+    for run in runs:
         files = [base, f"experiments/runs/{run}.yaml"]
         over = [*common, *train, f"init_checkpoint={ckpt}"]
         _, seconds = _suite(["train", *files, *over], check.left())
@@ -625,6 +630,7 @@ def part_suite(state: dict) -> dict:
             raise RuntimeError(f"{run}: {out[run]}")
     figure = check.out / "figure-1"
     over = f"train.device={device.type} results_dir={figure} tracking.uri=sqlite:///{figure}/mlflow.db train.steps=2"
+    over += " sft.steps=50" if tiny else ""
     make = ["make", "-o", "install", "reproduce-figure-1", f"PY={sys.executable}", "SCALE=smoke", "SEEDS=1", "JOBS=1"]
     _, out["reproduce_figure_1_s"] = _suite([*make, f"OVERRIDES={over}"], check.left(), make=True)
     out["figure_files"] = sorted(p.name for p in figure.rglob("figure-1*.png"))
@@ -680,11 +686,11 @@ def summary(results: dict) -> str:
         runs = ", ".join(
             f"{r} {suite[r]['seconds_per_step']:.2f} s/step"
             + (f", {suite[r]['peak_gpu_memory_gb']:.2f} GB peak" if suite[r].get("peak_gpu_memory_gb") else "")
-            for r in SUITE_RUNS
+            for r in suite["runs"]
         )
         lines.append(
-            f"suite: sft {suite['sft_s']:.0f} s; train on {suite[SUITE_RUNS[0]]['provenance_device']} "
-            f"({suite[SUITE_RUNS[0]]['provenance_precision']}): {runs}; make reproduce-figure-1 SCALE=smoke "
+            f"suite: sft {suite['sft_s']:.0f} s; train on {suite[suite['runs'][0]]['provenance_device']} "
+            f"({suite[suite['runs'][0]]['provenance_precision']}): {runs}; make reproduce-figure-1 SCALE=smoke "
             f"{suite['reproduce_figure_1_s']:.0f} s"
         )
     return "\n".join(lines) + "\n"

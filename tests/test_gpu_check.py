@@ -112,7 +112,8 @@ def test_tiny_check_on_cpu_writes_every_part(tmp_path):
     assert max(moved) > 0  # the updates moved the routers
     suite = res["suite"]  # the suite's own sft / train / reproduce-figure-1 commands, on the check's device
     assert suite["status"] == "ok", suite.get("error")
-    for run in gpu_check.SUITE_RUNS:
+    assert suite["runs"] == list(gpu_check.TINY_SUITE_RUNS)
+    for run in suite["runs"]:
         got = suite[run]
         assert got["provenance_device"] == "cpu" and got["provenance_precision"] == "fp32" and got["metrics_finite"]
         assert got["steps_with_signal"] > 0 and got["tensors_changed"] > 0 and got["eval_pass@1_end"] is not None
