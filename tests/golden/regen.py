@@ -1,7 +1,10 @@
 """The golden numbers: the first RL steps of a handful of smoke runs, every metric the trainer logs (wall-clock
-readings aside), pinned in tests/golden/numbers.json to the digits a CPU gives at one thread.
+readings aside), pinned in tests/golden/numbers.json to the digits a CPU gives at one thread; and the run keys of
+every figure's runs, tests/golden/run_keys.json.
 
-    python -m tests.golden.regen          # rewrite numbers.json on purpose: its diff is the review
+    python -m tests.golden.regen              # rewrite numbers.json on purpose: its diff is the review
+    python -m tests.golden.regen --run-keys   # add the keys of figure runs not yet pinned (a new figure, scale or
+                                              # cell); a key already pinned is never rewritten
 
 Run identity (`run_key`, tests/golden/run_keys.json) says which runs are the same run; these numbers say that the
 code still computes what the shipped runs computed. A change to the numerics — a kernel, a reduction order, an
@@ -29,6 +32,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("numbers.json")
+RUN_KEYS = Path(__file__).with_name("run_keys.json")
+PINNED_SEEDS = (1, 2, 3, 4, 5)  # every scale's default seeds and more; a figure's own `seeds:` are added
 SMOKE = ROOT / "experiments" / "smoke" / "base.yaml"
 STEPS = 2
 WALL_CLOCK = ("compute/seconds", "perf/tokens_per_s", "perf/peak_gpu_memory_gb")  # not numbers of the run
@@ -89,7 +94,42 @@ def numbers(start: Path, results_dir: Path) -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "runs": runs}
 
 
-def main() -> int:
+def figure_labels() -> dict[str, list[str]]:
+    """Per figure of experiments/figures.yaml, `<scale> <run> seed=<s> [<cell overrides>]` for its runs at every
+    scale that has a base config and at which the figure is defined (a sweep without values for a scale is not),
+    every sweep cell, seeds PINNED_SEEDS and the figure's own: the runs tests/test_identity.py pins."""
+    from gspo_study.config import ConfigError
+    from gspo_study.study import EXPERIMENTS, _items, figures
+
+    scales = sorted(p.parent.name for p in EXPERIMENTS.glob("*/base.yaml"))
+    labels: dict[str, list[str]] = {}
+    for name, spec in figures().items():
+        labels[name] = []
+        for scale in scales:
+            seeds = sorted({*PINNED_SEEDS, *spec.get("seeds", {}).get(scale, [])})
+            try:
+                items = _items(name.removeprefix("figure-"), scale, seeds)
+            except ConfigError:  # no sweep cells at this scale: the figure is not drawn there
+                continue
+            labels[name] += [" ".join([scale, run, f"seed={seed}", *cell]) for cell, run, seed in items]
+    return labels
+
+
+def add_run_keys() -> int:
+    """Pin the current key of every figure label without one; keys already pinned stay as they are."""
+    from tests.test_identity import current_key
+
+    keys = json.loads(RUN_KEYS.read_text())
+    wanted = dict.fromkeys(label for labels in figure_labels().values() for label in labels)
+    new = {label: current_key(label) for label in wanted if label not in keys}
+    RUN_KEYS.write_text(json.dumps(dict(sorted({**keys, **new}.items())), indent=1) + "\n")
+    print(f"{RUN_KEYS.relative_to(ROOT)}: {len(new)} keys added, {len(keys)} kept")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    if "--run-keys" in (sys.argv[1:] if argv is None else argv):
+        return add_run_keys()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         entry = numbers(coldstart(Path(tmp)), Path(tmp) / "runs")
