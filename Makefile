@@ -79,12 +79,12 @@ coldstart: install
 # make reproduce-figure-N [SCALE=smoke|cpu|gpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
 reproduce-figure-%: install
 	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) --jobs $(JOBS) $(SEEDS_ARG) $(OVERRIDES)
-	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
+	$(PY) -m analysis.figures --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
 
 # REPORT.md (+ REPORT.json); at the CPU scale, the README's and docs/FIGURES.md's result blocks written from them
 report: install
-	$(PY) analysis/report.py --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURE),--figure $(FIGURE)) $(OVERRIDES)
-	$(if $(and $(filter cpu,$(SCALE)),$(if $(FIGURE)$(SEEDS)$(OVERRIDES),,y)),$(PY) analysis/readme.py --scale cpu)
+	$(PY) -m analysis.report --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURE),--figure $(FIGURE)) $(OVERRIDES)
+	$(if $(and $(filter cpu,$(SCALE)),$(if $(FIGURE)$(SEEDS)$(OVERRIDES),,y)),$(PY) -m analysis.readme --scale cpu)
 
 # Speed and overhead measurements (not tests): routing-replay overhead, rollout and RL step vs TRL.
 bench: install

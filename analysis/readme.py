@@ -17,10 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import pandas as pd  # noqa: E402
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "FIGURES.md")

@@ -14,14 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `analysis` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from analysis.common import PASS1, REWARD, load, mean_ci  # noqa: E402
-from analysis.report import final_pass, gain, training_mean  # noqa: E402
-from gspo_study.config import ConfigError, load_config  # noqa: E402
-from gspo_study.run import run_key  # noqa: E402
-from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base  # noqa: E402
+from analysis.common import PASS1, REWARD, load, mean_ci
+from analysis.report import final_pass, gain, training_mean
+from gspo_study.config import ConfigError, load_config
+from gspo_study.run import run_key
+from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base
 
 AVERAGED = {"routing volatility": "moe/routing_volatility/overall", "clip fraction": "policy/clip_frac/token"}
 
