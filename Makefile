@@ -98,7 +98,7 @@ bench: install
 	$(MAKE) --no-print-directory vllm-env && $(VLLM_PY) -m benchmarks.bench_vllm --threads 1 --out results/bench_vllm.json
 
 # The prepared GPU check (benchmarks/gpu_check.py; <= 8 min on one CUDA GPU, results.json + summary.txt in GPU_OUT):
-# the HF engine and GSPO / GRPO +- R2 on a 48-layer, 128-expert, top-8 miniature in bf16, routing volatility per
+# the HF engine and GSPO / GRPO (none, R2, R3) on a 48-layer, 128-expert, top-8 miniature in bf16, routing volatility per
 # update, the vLLM GPU tests when vllm imports. gpu-bundle: the wheels it needs besides torch (gpu_bundle/, ~45 MiB),
 # for a GPU machine with Python GPU_PYTHON, torch and no network; benchmarks/gpu_check.sh installs them there.
 .PHONY: gpu-bundle gpu-check
