@@ -79,7 +79,7 @@ coldstart: install
 # make reproduce-figure-N [SCALE=smoke|cpu|gpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
 reproduce-figure-%: install
 	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) --jobs $(JOBS) $(SEEDS_ARG) $(OVERRIDES)
-	$(PY) analysis/figures.py --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
+	$(PY) -m analysis.figures --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
 
 # the routing frontier's doses on a cold start (results/<scale>/calibration.csv; docs/FRONTIER.md): forward-only for
 # axis M and its control, a few RL steps per dial value for axis V (~15 min at the CPU scale)
@@ -88,29 +88,29 @@ calibrate: install
 
 # REPORT.md (+ REPORT.json); at the CPU scale, the README's and docs/FIGURES.md's result blocks written from them
 report: install
-	$(PY) analysis/report.py --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURE),--figure $(FIGURE)) $(OVERRIDES)
-	$(if $(and $(filter cpu,$(SCALE)),$(if $(FIGURE)$(SEEDS)$(OVERRIDES),,y)),$(PY) analysis/readme.py --scale cpu)
+	$(PY) -m analysis.report --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURE),--figure $(FIGURE)) $(OVERRIDES)
+	$(if $(and $(filter cpu,$(SCALE)),$(if $(FIGURE)$(SEEDS)$(OVERRIDES),,y)),$(PY) -m analysis.readme --scale cpu)
 
 # Speed and overhead measurements (not tests): routing-replay overhead, rollout and RL step vs TRL.
 bench: install
 	$(PY) -c "import trl" 2>/dev/null || $(PY) -m pip install -q -e '.[$(EXTRAS),bench]' '$(TORCH_SPEC)'
-	$(PY) benchmarks/bench_replay.py --threads 1 --out results/bench_replay.json
-	$(PY) benchmarks/bench_rl.py --threads 2 --out results/bench.json
+	$(PY) -m benchmarks.bench_replay --threads 1 --out results/bench_replay.json
+	$(PY) -m benchmarks.bench_rl --threads 2 --out results/bench.json
 	@# the 4-layer CPU cold start (figure 11's; ~4 min the first time), for the memory and telemetry benchmarks
 	$(PY) -m gspo_study eval --scale cpu --samples 1 --num-prompts 1 model.num_hidden_layers=4 > /dev/null
-	$(PY) benchmarks/bench_memory.py --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_memory.json
-	$(PY) benchmarks/bench_telemetry.py --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
-	$(MAKE) --no-print-directory vllm-env && $(VLLM_PY) benchmarks/bench_vllm.py --threads 1 --out results/bench_vllm.json
+	$(PY) -m benchmarks.bench_memory --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_memory.json
+	$(PY) -m benchmarks.bench_telemetry --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
+	$(MAKE) --no-print-directory vllm-env && $(VLLM_PY) -m benchmarks.bench_vllm --threads 1 --out results/bench_vllm.json
 
 # The prepared GPU check (benchmarks/gpu_check.py; <= 8 min on one CUDA GPU, results.json + summary.txt in GPU_OUT):
-# the HF engine and GSPO / GRPO +- R2 on a 48-layer, 128-expert, top-8 miniature in bf16, routing volatility per
+# the HF engine and GSPO / GRPO (none, R2, R3) on a 48-layer, 128-expert, top-8 miniature in bf16, routing volatility per
 # update, the vLLM GPU tests when vllm imports. gpu-bundle: the wheels it needs besides torch (gpu_bundle/, ~45 MiB),
 # for a GPU machine with Python GPU_PYTHON, torch and no network; benchmarks/gpu_check.sh installs them there.
 .PHONY: gpu-bundle gpu-check
 GPU_OUT ?= results/gpu_check
 GPU_PYTHON ?= 3.12
 gpu-bundle: install
-	$(PY) benchmarks/gpu_bundle.py --dest gpu_bundle --python-version $(GPU_PYTHON)
+	$(PY) -m benchmarks.gpu_bundle --dest gpu_bundle --python-version $(GPU_PYTHON)
 
 gpu-check:
 	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash benchmarks/gpu_check.sh $(GPU_OUT)

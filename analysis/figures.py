@@ -1,6 +1,6 @@
 """Draw figure N of the study from its tracked MLflow runs: `results/<scale>/figure-N.{png,pdf,csv}`.
 
-    python analysis/figures.py --figure 1 --scale cpu [--seeds 1,2,3] [--x compute|steps] [key=value ...]
+    python -m analysis.figures --figure 1 --scale cpu [--seeds 1,2,3] [--x compute|steps] [key=value ...]
 
 The figure's runs are those of experiments/figures.yaml at that scale and seeds (`key=value` overrides are
 applied to every run's config, as for `python -m gspo_study sweep`); each is looked up in MLflow by its
@@ -16,12 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pandas as pd
 
-import pandas as pd  # noqa: E402
-
-from analysis.common import (  # noqa: E402
+from analysis.common import (
     COLUMNS,
     PASS1,
     REWARD,
@@ -39,10 +36,10 @@ from analysis.common import (  # noqa: E402
     reference,
     seed_stats,
 )
-from gspo_study.archive import draw_notice  # noqa: E402
-from gspo_study.config import ConfigError  # noqa: E402
-from gspo_study.run import run_key  # noqa: E402
-from gspo_study.study import figure_configs, figure_spec, parse_seeds  # noqa: E402
+from gspo_study.archive import draw_notice
+from gspo_study.config import ConfigError
+from gspo_study.run import run_key
+from gspo_study.study import figure_configs, figure_spec, parse_seeds
 
 # The paper's reported values (GSPO paper, arXiv 2507.18071): Figure 2 and §5.3.
 PAPER_CLIP_FRAC = {"gspo": 0.15, "grpo_r2": 0.0013}  # average fraction of clipped tokens, GSPO vs GRPO

@@ -1,6 +1,6 @@
 """The numbers of the docs, written from the shipped study and the measurements, never typed in.
 
-    python analysis/readme.py [--scale cpu] [--check]
+    python -m analysis.readme [--scale cpu] [--check]
 
 Each document holds marked blocks, `<!-- BEGIN <name> -->` … `<!-- END <name> -->`; this script rewrites every
 one from `results/<scale>/REPORT.json` (the report's estimates and verdicts, `make report`), the figure CSVs and
@@ -18,10 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import pandas as pd  # noqa: E402
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "FIGURES.md")
@@ -258,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         bad = stale(args.scale) + stale_measured()
         for path in bad:
-            print(f"stale: {path} (rewrite it with python analysis/readme.py)")
+            print(f"stale: {path} (rewrite it with python -m analysis.readme)")
         return 1 if bad else 0
     found = blocks(args.scale)
     for path in DOCS:

@@ -1,6 +1,6 @@
 """`results/<scale>/REPORT.md`: each claim of the GSPO paper, the paper's number, ours, and a verdict.
 
-    python analysis/report.py --scale cpu [--seeds 1,2,3] [--figure N] [key=value ...]
+    python -m analysis.report --scale cpu [--seeds 1,2,3] [--figure N] [key=value ...]
 
 Everything is computed from the tracked MLflow runs (found as in analysis/figures.py); a claim whose runs are
 missing or unfinished says "not run"; with no tracked run at all it stops (an error) and leaves REPORT.md as it is.
@@ -21,19 +21,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import NamedTuple
 
-if __package__ in (None, ""):  # run as a script (the Makefile does): make `analysis` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from analysis.common import CONFIDENCE, PASS1, REWARD, Study, label, load, log_outputs, mean_ci  # noqa: E402
-from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, lag_table, sweep_table  # noqa: E402
-from gspo_study.archive import draw_notice  # noqa: E402
-from gspo_study.config import ConfigError  # noqa: E402
-from gspo_study.run import run_key, sqlite_path  # noqa: E402
-from gspo_study.study import figure_configs, parse_seeds, run_config  # noqa: E402
-from gspo_study.tracking import git_commit  # noqa: E402
+from analysis.common import CONFIDENCE, PASS1, REWARD, Study, label, load, log_outputs, mean_ci
+from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, lag_table, sweep_table
+from gspo_study.archive import draw_notice
+from gspo_study.config import ConfigError
+from gspo_study.run import run_key, sqlite_path
+from gspo_study.study import figure_configs, parse_seeds, run_config
+from gspo_study.tracking import git_commit
 
 MARGIN = 0.05  # δ: the smallest gap in pass@1 or reward a difference row tests for; the no-harm rows' margin
 WITHIN = 3.0  # a magnitude claim ("~value") reproduces when our interval lies within [value/3, value·3]

@@ -1,7 +1,7 @@
 """A table of tracked runs: held-out pass@1 at the start and end, its gain, and training averages, with seed
 means and 95% t-intervals — for ablations that have no figure of their own.
 
-    python analysis/summary.py --scale cpu --runs gspo,grpo_r2,grpo [--layer experiments/ablations/x.yaml]
+    python -m analysis.summary --scale cpu --runs gspo,grpo_r2,grpo [--layer experiments/ablations/x.yaml]
                                [--seeds 1,2,3] [key=value ...]
 
 Runs are `experiments/<scale>/base.yaml` + `experiments/runs/<run>.yaml` (+ each `--layer` file) + `seed=<s>`
@@ -14,14 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `analysis` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from analysis.common import PASS1, REWARD, load, mean_ci  # noqa: E402
-from analysis.report import final_pass, gain, training_mean  # noqa: E402
-from gspo_study.config import ConfigError, load_config  # noqa: E402
-from gspo_study.run import run_key  # noqa: E402
-from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base  # noqa: E402
+from analysis.common import PASS1, REWARD, load, mean_ci
+from analysis.report import final_pass, gain, training_mean
+from gspo_study.config import ConfigError, load_config
+from gspo_study.run import run_key
+from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base
 
 AVERAGED = {"routing volatility": "moe/routing_volatility/overall", "clip fraction": "policy/clip_frac/token"}
 

@@ -1,6 +1,6 @@
 """Speed levers tried on the model itself, each timed against the suite's default on the same batch.
 
-    .venv/bin/python benchmarks/bench_levers.py --threads 2 [--compile] --out results/bench_levers.json
+    .venv/bin/python -m benchmarks.bench_levers --threads 2 [--compile] --out results/bench_levers.json
 
 `make bench` (bench_rl.py) shows that our RL step and TRL's, given the same model code, spend nearly all their
 time in the model's own forward and backward passes, so a trainer alone cannot be 2x faster than TRL there.
@@ -27,8 +27,8 @@ import json
 import random
 from pathlib import Path
 
-from bench_rl import COLDSTART, GROUP, MAX_NEW, MINIBATCHES, PROMPTS, SEED
-from common import load_average, median, print_table, timed
+from benchmarks.bench_rl import COLDSTART, GROUP, MAX_NEW, MINIBATCHES, PROMPTS, SEED
+from benchmarks.common import load_average, median, print_table, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 step in a fresh process, its peak RSS growth over the RSS before the step (weights already loaded) against the
 estimate of the same (the estimated peak less the weights).
 
-    .venv/bin/python benchmarks/bench_memory.py \
+    .venv/bin/python -m benchmarks.bench_memory \
         --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_memory.json
 
 Needs a 4-layer CPU-scale cold start (`make coldstart SCALE=cpu OVERRIDES=model.num_hidden_layers=4`, or the
@@ -92,8 +92,12 @@ def main() -> int:
             "eval.num_prompts=16",
         ]
         for case in CASES:
-            cmd = [sys.executable, __file__, "--case", json.dumps([*common, *case])]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            cmd = [sys.executable, "-m", "benchmarks.bench_memory", "--case", json.dumps([*common, *case])]
+            out = (
+                subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             results.append({"overrides": case, **json.loads(out)})
             r = results[-1]
             print(

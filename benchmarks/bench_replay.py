@@ -1,6 +1,6 @@
 """Cost of routing record/replay: forward+backward with and without replay, forward with and without record.
 
-    .venv/bin/python benchmarks/bench_replay.py --out results/bench_replay.json
+    .venv/bin/python -m benchmarks.bench_replay --out results/bench_replay.json
 
 Cases run round-robin inside each repeat, so drift on a shared machine hits them alike. Overhead is the
 median over repeats of (case time / baseline time in the same repeat) - 1: paired, so robust to load

@@ -1,6 +1,6 @@
 """CPU RL performance side by side with Hugging Face: our rollout engine and RL step vs `generate` and TRL.
 
-    .venv/bin/python benchmarks/bench_rl.py --threads 2 --out results/bench.json
+    .venv/bin/python -m benchmarks.bench_rl --threads 2 --out results/bench.json
 
 On the `qwen3-moe-tiny` preset at its own depth, 8 layers (the cold-start checkpoint when
 `results/cpu/checkpoints/coldstart` exists, else a random-init checkpoint saved to a temp dir; `--checkpoint`
@@ -46,10 +46,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from common import load_average, median, paired_overhead_pct, peak_rss_mb, print_table, timed
+from benchmarks.common import load_average, median, paired_overhead_pct, peak_rss_mb, print_table, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_CONFIG = ROOT / "experiments" / "cpu" / "base.yaml"
@@ -247,44 +248,41 @@ def _ours_config(args, objective: str, replay: str, name: str):
 
 
 def part_ours(args, name: str) -> dict:
-    """(b) our RL step: `rl_step` timed as a whole, its phases timed by wrapping the trainer's functions."""
+    """(b) our RL step: `trainer.rl_step` timed as a whole, its phases by the trainer's own Stopwatch spans (rollout
+    with scoring, old_policy, route_baseline, update, telemetry), the batch read through its `on_update` hook."""
     _init_torch(args)
     from gspo_study import trainer
     from gspo_study.run import resolve_run
 
     objective, replay = OURS[name]
     ctx = trainer.setup(resolve_run(_ours_config(args, objective, replay, name)))
-    phases: dict[str, float] = {}
     rss: dict[str, float] = {"after_setup": peak_rss_mb()}
     seen: dict[str, object] = {}
 
-    def wrap(phase: str, fn):
-        def inner(*a, **k):
-            seconds, out = timed(lambda: fn(*a, **k))
-            phases[phase] = phases.get(phase, 0.0) + seconds
-            rss.setdefault(f"after_{phase}", peak_rss_mb())  # first step: how the peak grows phase by phase
-            if phase == "rollout":
-                seen["batch"] = out[1]
-            return out
+    class Watch(trainer.Stopwatch):
+        """The trainer's Stopwatch, also noting the peak RSS after each phase of the first step."""
 
-        return inner
+        @contextmanager
+        def span(self, name: str, training: bool = True):
+            with super().span(name, training):
+                yield
+            rss.setdefault(f"after_{name}", peak_rss_mb())
 
-    for phase in ("rollout", "score", "old_policy", "update", "telemetry"):
-        setattr(trainer, phase, wrap(phase, getattr(trainer, phase)))
     gate = Gate(args.ctl_fd)
     gate.ready()
     steps = []
     for step in range(1, 1 + args.warmup + args.steps):
         gate.wait()
-        phases.clear()
-        seconds, metrics = timed(lambda step=step: trainer.rl_step(ctx, step))
+        watch = Watch()
+        hook = lambda inputs, i, result: seen.update(batch=inputs.batch)  # noqa: E731
+        seconds, metrics = timed(lambda step=step, w=watch, h=hook: trainer.rl_step(ctx, step, on_update=h, watch=w))
         gate.ready()
         if step > args.warmup:
             batch = seen["batch"]
             steps.append(
                 {
                     "seconds": seconds,
-                    "phases": dict(phases),
+                    "phases": dict(watch.spans),
                     "response_tokens": int(batch.response_lengths.sum()),
                     "fed_tokens": int(batch.attention_mask[:, :-1].sum()),
                     "padded_len": int(batch.sequences.shape[1]),
@@ -450,20 +448,19 @@ def part_trl(args, name: str) -> dict:
 
 
 def part_replay(args) -> dict:
-    """(c) update phase with and without R2 on one batch; pi_old forward with and without routing record."""
+    """(c) update phase with and without R2 on one batch; pi_old forward with and without routing record. The
+    batch, advantages and π_old are those of the trainer's own first step (read through its `on_update` hook)."""
     torch = _init_torch(args)
     from gspo_study import trainer
-    from gspo_study.evaluate import score
-    from gspo_study.objectives import group_advantages
     from gspo_study.run import resolve_run
     from gspo_study.train.forward import token_logprobs
 
     ctx = trainer.setup(resolve_run(_ours_config(args, "grpo", "r2", "replay")))
     rss = {"after_setup": peak_rss_mb()}
-    rows, batch = trainer.rollout(ctx, 1)
-    rewards, _ = score(ctx.task, rows, batch)
-    adv = group_advantages(rewards, GROUP, ctx.cfg.algo.advantage_eps)
-    old = trainer.old_policy(ctx, batch)
+    seen: dict[str, trainer.StepInputs] = {}
+    trainer.rl_step(ctx, 1, on_update=lambda inputs, i, result: seen.update(inputs=inputs))
+    inputs = seen["inputs"]
+    batch, old = inputs.batch, inputs.old
     temp = ctx.cfg.rollout.temperature
 
     @torch.no_grad()
@@ -473,10 +470,8 @@ def part_replay(args) -> dict:
     cases = {
         # the model moves a little with every update; the trace stays pi_old's (timing is unaffected)
         # natural=None: neither update records routing for the per-update volatility
-        "update_none": lambda: trainer.update(
-            ctx, trainer.StepInputs(batch, adv, replace(old, natural=None, replay=None)), 1
-        ),
-        "update_r2": lambda: trainer.update(ctx, trainer.StepInputs(batch, adv, replace(old, natural=None)), 1),
+        "update_none": lambda: trainer.update(ctx, replace(inputs, old=replace(old, natural=None, replay=None)), 1),
+        "update_r2": lambda: trainer.update(ctx, replace(inputs, old=replace(old, natural=None)), 1),
         "pi_old_plain": plain_forward,
         "pi_old_record": lambda: trainer.policy_pass(ctx, batch, None),
     }
@@ -582,7 +577,7 @@ def run_part(args) -> None:
 
 # ------------------------------------------------------------------------------------- parent: orchestrate
 def _child(args, part: str) -> tuple[list[str], dict]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--part", part]
+    cmd = [sys.executable, "-m", "benchmarks.bench_rl", "--part", part]
     cmd += [
         "--threads",
         str(args.threads),

@@ -1,6 +1,6 @@
 """What the routing telemetry costs, and what its row subsample (`telemetry.route_rows`) costs in accuracy.
 
-    .venv/bin/python benchmarks/bench_telemetry.py \
+    .venv/bin/python -m benchmarks.bench_telemetry \
         --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
 
 GRPO without replay on the CPU base's batch (32 prompts x 8 responses, 4 minibatches) with the 4-layer model and
@@ -67,31 +67,21 @@ def main() -> int:
         ],
     )
     ctx = trainer.setup(resolve_run(cfg))
-    original = trainer.telemetry
     seen: dict = {}
-
-    def wrapped(*a, **k):
-        start = time.perf_counter()
-        out = original(*a, **k)
-        seen.update(seconds=time.perf_counter() - start, args=a, out=out)
-        return out
-
-    trainer.telemetry = wrapped
     steps = []
     for step in range(1, args.steps + 2):
-        start = time.perf_counter()
-        trainer.rl_step(ctx, step)
+        watch, start = trainer.Stopwatch(), time.perf_counter()  # the step's own phase timings
+        full = trainer.rl_step(ctx, step, on_update=lambda inputs, i, result: seen.update(inputs=inputs), watch=watch)
         total = time.perf_counter() - start
         if step == 1:  # warm-up
             continue
-        full, row = seen["out"], {"step_s": total, "telemetry_s": seen["seconds"], "shares": {}}
+        row = {"step_s": total, "telemetry_s": watch.spans["telemetry"], "shares": {}}
         for share in SHARES:
             ctx.cfg.telemetry.route_rows = share
             times, values = [], {k: [] for k in READINGS}
             for d in range(DRAWS):
-                a = list(seen["args"])
                 t0 = time.perf_counter()
-                out = original(*a[:6], 10_000 * step + d)  # another seeded row draw per d
+                out = trainer.telemetry(ctx, seen["inputs"], 10_000 * step + d)  # another seeded row draw per d
                 times.append(time.perf_counter() - t0)
                 for k in READINGS:
                     values[k].append(out[k])

@@ -1,6 +1,6 @@
 """Rollout speed of the real vLLM engine (its CPU build) against the HF engine, at the bench batch.
 
-    .venv-vllm/bin/python benchmarks/bench_vllm.py --threads 1 --out results/bench_vllm.json   # make bench
+    .venv-vllm/bin/python -m benchmarks.bench_vllm --threads 1 --out results/bench_vllm.json   # make bench
 
 The bench batch of bench_rl.py: 16 prompts x 8 responses, up to 40 new tokens, temperature 1, on the 8-layer
 preset (`qwen3-moe-tiny`: head_dim 32, expert width 64, both fine for vLLM's CPU kernels), from the CPU cold
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import load_average, median, peak_rss_mb, print_table
+from benchmarks.common import load_average, median, peak_rss_mb, print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 COLDSTART = ROOT / "results" / "cpu" / "checkpoints" / "coldstart"
@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
         results = {}
         for case in cases:
-            cmd = [sys.executable, __file__, "--case", case, "--threads", str(args.threads)]
+            cmd = [sys.executable, "-m", "benchmarks.bench_vllm", "--case", case, "--threads", str(args.threads)]
             cmd += ["--repeats", str(args.repeats), "--checkpoint", str(checkpoint)]
             done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             if done.returncode:

@@ -1,6 +1,6 @@
 """Wheels for the GPU check on a machine that has only Python, torch and a CUDA driver, and no network.
 
-    python benchmarks/gpu_bundle.py --dest gpu_bundle [--python-version 3.12]     # `make gpu-bundle`
+    python -m benchmarks.gpu_bundle --dest gpu_bundle [--python-version 3.12]     # `make gpu-bundle`
 
 Takes the packages `benchmarks/gpu_check.py` imports (ROOTS) and everything they require, read from this
 environment's installed metadata (extras left out, markers evaluated for Linux x86-64 at the target Python),

@@ -1,7 +1,7 @@
-"""The prepared GPU check (issue 24): in one command, what the CPU tests cannot prove, written to one folder.
+"""The prepared GPU check: in one command, what the CPU tests cannot prove, written to one folder.
 
-    python benchmarks/gpu_check.py --out DIR                      # one CUDA GPU, ≤ 8 minutes
-    python benchmarks/gpu_check.py --out DIR --device cpu --tiny  # the same code at a tiny size (tests)
+    python -m benchmarks.gpu_check --out DIR                      # one CUDA GPU, ≤ 8 minutes
+    python -m benchmarks.gpu_check --out DIR --device cpu --tiny  # the same code at a tiny size (tests)
     bash benchmarks/gpu_check.sh DIR   # a bare GPU machine (Python + torch + driver): installs gpu_bundle/ first
 
 Parts (each is recorded as ok / skipped / failed with its numbers; one failing does not stop the others):
@@ -12,14 +12,16 @@ Parts (each is recorded as ok / skipped / failed with its numbers; one failing d
   `rollout.dtype: bfloat16`): tokens/s, peak memory, the same seed giving the same tokens, rollout log-probs
   against the training forward (the §5.4 mismatch: k3, extreme-token share), and the routing recorded during
   generation (R3) against the training forward's routing.
-- `rl`: GSPO, GRPO + R2 and GRPO from the same cold start, a few RL steps each, with the trainer's own
-  functions (`trainer.policy_pass`, `trainer.update_minibatch`, 4 minibatches per rollout batch); training
-  forwards in bf16 autocast over fp32 master weights. Routing volatility is measured after *every update*
-  (the routers' natural choices on the step's rollout, before vs after that one optimizer step: the paper's
-  ≈ 10 % "after one gradient update" for the 48-layer model) as well as per RL step (π_old vs after the
-  step's 4 updates, what the suite logs as `moe/routing_volatility/*`).
+- `rl`: GSPO, GRPO + R2, GRPO + R3 and GRPO from the same cold start, a few RL steps each: the trainer's own
+  Context (`trainer.build_context`) and step (`trainer.rl_step`, 4 minibatches per rollout batch, every metric
+  it logs kept); training forwards in bf16 autocast over fp32 master weights. Through the step's `on_update`
+  hook, routing volatility is measured after *every update* (the routers' free choices on the step's rollout,
+  before vs after that one optimizer step: the paper's ≈ 10 % "after one gradient update" for the 48-layer
+  model) as well as per RL step (π_old vs after the step's 4 updates), with the router calls that replayed a
+  trace: a replay run that replayed none fails.
 - `suite`: the suite's own commands on the device — `python -m gspo_study sft` and `train` (GSPO, GRPO + R2, a
-  few steps) at the gpu scale (experiments/gpu/; `--tiny`: its smoke shape) with an MLflow store in DIR/suite,
+  few steps) at the gpu scale (experiments/gpu/; `--tiny`: its smoke shape, GRPO + R2 only) with an MLflow store
+  in DIR/suite,
   checked for parameters on the device (the runs' provenance.device tag), changed weights and finite metrics,
   with seconds per step and peak GPU memory; then `make reproduce-figure-1 SCALE=smoke` on the device; on CUDA
   tests/test_device.py. Skipped with one line where MLflow or the analysis packages are missing (the bundle).
@@ -51,26 +53,21 @@ from pathlib import Path
 
 import torch
 
+from gspo_study.config import load_config
+from gspo_study.evaluate import score
+from gspo_study.models import build_char_tokenizer, build_model
+from gspo_study.models.presets import PRESETS, active_params
+from gspo_study.moe import mismatch_metrics, record_routing, routing_volatility
+from gspo_study.rollout import HFEngine
+from gspo_study.rollout.base import teacher_forced_batch
+from gspo_study.run import resolve_run, run_key
+from gspo_study.runtime import autocast
+from gspo_study.sft import lr_lambda, sft_loss
+from gspo_study.tasks import get_task
+from gspo_study.tracking import find_run, mlflow_key
+from gspo_study.train.forward import token_logprobs
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gspo_study.config import load_config  # noqa: E402
-from gspo_study.evaluate import score  # noqa: E402
-from gspo_study.models import build_char_tokenizer, build_model  # noqa: E402
-from gspo_study.models.presets import PRESETS, active_params  # noqa: E402
-from gspo_study.moe import mismatch_metrics, record_routing, routing_volatility  # noqa: E402
-from gspo_study.objectives import get_objective, group_advantages  # noqa: E402
-from gspo_study.rollout import HFEngine  # noqa: E402
-from gspo_study.rollout.base import teacher_forced_batch  # noqa: E402
-from gspo_study.run import resolve_run, run_key  # noqa: E402
-from gspo_study.runtime import autocast  # noqa: E402
-from gspo_study.sft import lr_lambda, sft_loss  # noqa: E402
-from gspo_study.tasks import get_task  # noqa: E402
-from gspo_study.tracking import find_run, mlflow_key  # noqa: E402
-from gspo_study.train import checkpointing  # noqa: E402
-from gspo_study.train.forward import token_logprobs  # noqa: E402
-from gspo_study.train.torch_backend import TorchBackend  # noqa: E402
-
 PAPER_VOLATILITY_PER_UPDATE = 0.10  # §5.3: ~10% of activated experts differ after one update (48 layers)
 
 # The miniature: Qwen3-30B-A3B's routing shape (48 layers, 128 experts, top-8) at a small width.
@@ -93,7 +90,7 @@ SIZES = {
     "mini": dict(sft_steps=300, sft_batch=64, sft_lr=2e-3, rl_steps=20, prompts=16, group=8, lr=1e-4, gen_batch=256),
     "tiny": dict(sft_steps=150, sft_batch=32, sft_lr=1e-2, rl_steps=2, prompts=8, group=4, lr=1e-3, gen_batch=16),
 }
-RUNS = ("gspo", "grpo_r2", "grpo")  # experiments/runs/<name>.yaml
+RUNS = ("gspo", "grpo_r2", "grpo_r3", "grpo")  # experiments/runs/<name>.yaml
 VLLM_RESERVE_S = 270.0  # seconds kept for the vLLM parts when vllm is installed (engine and server start-up included)
 EXPERTS_FALLBACK = ("grouped_mm_index", "grouped_mm", "batched_mm", "eager")
 
@@ -298,98 +295,103 @@ def _maxabs(a, b, mask) -> float:
     return float(torch.where(mask, (a - b).abs(), torch.zeros_like(a)).max())
 
 
-def _context(run: str, state: dict):
-    from gspo_study.trainer import Context
+def rl_context(run: str, state: dict):
+    """The trainer's own Context (`trainer.build_context`: its task, checks, backend, engine and objective, from
+    the run's config) around the cold start in memory, on the check's device."""
+    from gspo_study import trainer
 
-    cfg = config(run, state["sizes"], [f"seed={state['seed']}"])
+    extra = [f"seed={state['seed']}", f"model.experts_implementation={state['experts']}"]
+    cfg = config(run, state["sizes"], [*extra, f"train.device={state['device'].type}"])
     model, tok = build(state["shape"], state["device"], state["seed"], state["experts"])
     model.load_state_dict(state["weights"])
-    t = cfg.train
-    return Context(
-        run=resolve_run(cfg),
-        cfg=cfg,
-        model=model,
-        tokenizer=tok,
-        task=get_task(cfg.task),
-        engine=HFEngine(model, tok, dtype=cfg.rollout.dtype),
-        objective=get_objective(cfg.algo.objective, clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high),
-        backend=TorchBackend(model, t.lr, t.weight_decay, t.grad_clip, t.router_lr_scale),
-        tracker=None,
-        state=checkpointing.RunState(),
-        flops_per_token=float(active_params(model.config)),
-    )
+    return trainer.build_context(resolve_run(cfg), model, tok)
 
 
-def rl_step(ctx, step: int, device: torch.device) -> dict:
-    """One RL step as the trainer takes it (recompute π_old; R2 replays its routing), with the routers'
-    natural routing on the step's rollout read after every update."""
-    from gspo_study.trainer import (
-        OldPolicy,
-        StepInputs,
-        derive_seed,
-        learning_rate,
-        policy_pass,
-        rollout,
-        update_minibatch,
-    )
+class EveryUpdate:
+    """The trainer's `on_update` hook: after each optimizer update of a step, the routers' natural (free) choices on
+    the step's rollout, one more no-grad forward, against those before that update — for update 1, π_old's free
+    routing (the trainer's `route_baseline`) — and the router calls of the update's forwards that replayed a trace
+    (the proof that R2 / R3 replayed)."""
 
-    cfg = ctx.cfg
-    t0 = time.time()
-    rows, batch = rollout(ctx, step)
-    rewards, _ = score(ctx.task, rows, batch)
-    adv = group_advantages(rewards, cfg.rollout.group_size, cfg.algo.advantage_eps)
-    old_lp, natural_old = policy_pass(ctx, batch, None)  # the trainer's forwards: bf16 autocast on CUDA
-    replay = natural_old if cfg.algo.routing_replay == "r2" else None
-    inputs = StepInputs(batch, adv, OldPolicy(old_lp, old_lp, natural_old, replay))
-    perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch")))
-    mask, prev, per_update, clip = batch.response_mask, natural_old, [], []
-    for rows_mb in perm.chunk(cfg.train.num_minibatches):
-        metrics = update_minibatch(ctx, inputs, rows_mb, learning_rate(cfg, step)).metrics
-        _, natural = policy_pass(ctx, batch, None)
-        vol = routing_volatility(prev, natural, mask)
-        per_update.append({k: vol[k] for k in ("overall", "tokens_any_changed")} | _depth(vol))
-        clip.append(metrics["policy/clip_frac/token"])
-        prev = natural
-    step_vol = routing_volatility(natural_old, prev, mask)
-    return {
-        "reward": rewards.mean().item(),
-        "clip_frac_token": sum(clip) / len(clip),
-        "volatility_per_update": per_update,
-        "volatility_step": {k: step_vol[k] for k in ("overall", "tokens_any_changed")} | _depth(step_vol),
-        "seconds": round(time.time() - t0, 2),
-    }
+    def __init__(self, ctx):
+        self.ctx, self.updates, self.before, self.last = ctx, [], None, None
+
+    def __call__(self, inputs, i: int, result) -> None:
+        from gspo_study.trainer import policy_pass
+
+        if i == 0:
+            self.before = self.last = inputs.baseline[1]
+        _, after = policy_pass(self.ctx, inputs.batch, None)
+        vol = routing_volatility(self.last, after, inputs.batch.response_mask)
+        self.updates.append(_volatility(vol) | {"replayed_router_calls": result.replayed_calls})
+        self.last, self.mask = after, inputs.batch.response_mask
+
+    def step(self) -> dict:
+        """π_old's free routing against the routing after the step's last update."""
+        return _volatility(routing_volatility(self.before, self.last, self.mask))
 
 
-def _depth(vol: dict) -> dict:
-    """First and last quarter of the MoE layers: volatility grows with depth (§5.3)."""
+def _volatility(vol: dict) -> dict:
+    """Overall, tokens with any changed choice, and the first and last quarter of the MoE layers: volatility
+    grows with depth (§5.3)."""
     layers = sorted(k for k in vol if k.startswith("layer_"))
     q = max(1, len(layers) // 4)
     mean = lambda ks: sum(vol[k] for k in ks) / len(ks)  # noqa: E731
-    return {"first_quarter": mean(layers[:q]), "last_quarter": mean(layers[-q:])}
+    out = {k: vol[k] for k in ("overall", "tokens_any_changed")}
+    return out | {"first_quarter": mean(layers[:q]), "last_quarter": mean(layers[-q:])}
+
+
+def check_step(ctx, step: int) -> dict:
+    """One RL step, the trainer's (`trainer.rl_step`), with the routing read after every update."""
+    from gspo_study import trainer
+
+    hook, t0 = EveryUpdate(ctx), time.time()
+    metrics = trainer.rl_step(ctx, step, on_update=hook)
+    return {
+        "reward": metrics["rollout/reward/mean"],
+        "clip_frac_token": metrics["policy/clip_frac/token"],
+        "volatility_per_update": hook.updates,
+        "volatility_step": hook.step(),
+        "seconds": round(time.time() - t0, 2),
+        "metrics": metrics,  # everything the trainer logs for the step
+    }
+
+
+def rl_run(run: str, state: dict, budget_s: float) -> dict:
+    """Up to `sizes['rl_steps']` steps of one run, stopping before a step that would overrun `budget_s`. A run
+    whose replay mode replays and whose updates replayed no router call fails (it would be reported as R2 / R3)."""
+    from gspo_study.trainer import replay_mode
+
+    ctx, steps, t0 = rl_context(run, state), [], time.time()
+    for step in range(1, state["sizes"]["rl_steps"] + 1):  # 1-based, as the trainer counts
+        if steps and (time.time() - t0) * (len(steps) + 1) / len(steps) > budget_s:
+            break  # the next step would overrun this run's share of the time left
+        steps.append(check_step(ctx, step))
+        say(
+            f"  {run} step {step}: reward {steps[-1]['reward']:.3f}, volatility per update "
+            f"{[round(u['overall'], 4) for u in steps[-1]['volatility_per_update']]}"
+        )
+    replayed = sum(u["replayed_router_calls"] for s in steps for u in s["volatility_per_update"])
+    mode = replay_mode(ctx.cfg)
+    if mode.replays is not None and replayed == 0:
+        raise RuntimeError(f"{run}: routing_replay={mode.name} but no router call replayed a trace")
+    per_update = [u["overall"] for s in steps for u in s["volatility_per_update"]]
+    return {
+        "routing_replay": mode.name,
+        "replayed_router_calls": replayed,
+        "steps": steps,
+        "mean_volatility_per_update": sum(per_update) / len(per_update),
+        "mean_volatility_per_step": sum(s["volatility_step"]["overall"] for s in steps) / len(steps),
+        "reward_first": steps[0]["reward"],
+        "reward_last": steps[-1]["reward"],
+    }
 
 
 def part_rl(state: dict) -> dict:
     device, out = state["device"], {}
     for i, run in enumerate(RUNS):
         budget = (state["check"].left() - state["reserve_s"]) / (len(RUNS) - i) - 5
-        ctx, steps, t0 = _context(run, state), [], time.time()
-        for step in range(1, state["sizes"]["rl_steps"] + 1):  # 1-based, as the trainer counts
-            if steps and (time.time() - t0) * (len(steps) + 1) / len(steps) > budget:
-                break  # the next step would overrun this run's share of the time left
-            steps.append(rl_step(ctx, step, device))
-            say(
-                f"  {run} step {step}: reward {steps[-1]['reward']:.3f}, volatility per update "
-                f"{[round(u['overall'], 4) for u in steps[-1]['volatility_per_update']]}"
-            )
-        per_update = [u["overall"] for s in steps for u in s["volatility_per_update"]]
-        out[run] = {
-            "steps": steps,
-            "mean_volatility_per_update": sum(per_update) / len(per_update),
-            "mean_volatility_per_step": sum(s["volatility_step"]["overall"] for s in steps) / len(steps),
-            "reward_first": steps[0]["reward"],
-            "reward_last": steps[-1]["reward"],
-        }
-        del ctx
+        out[run] = rl_run(run, state, budget)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     out["paper_volatility_per_update"] = PAPER_VOLATILITY_PER_UPDATE
@@ -507,6 +509,9 @@ def part_deepspeed(state: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------- the suite
 SUITE_RUNS = ("gspo", "grpo_r2")  # experiments/runs/<name>.yaml, trained by `python -m gspo_study train`
+# --tiny trains the one with replay (the other is the same command) and a shorter smoke cold start for the figure:
+# the CPU test of this part is the suite's longest test, and its time is process start-ups
+TINY_SUITE_RUNS = ("grpo_r2",)
 SUITE_RESERVE_S = {"cuda": 240.0, "cpu": 150.0}  # seconds kept for the suite part (its commands start processes)
 # --tiny: the gpu scale's files with the smoke shape, task and batch (the CPU test of this part)
 TINY_SUITE = [
@@ -521,6 +526,23 @@ TINY_SUITE = [
     "eval.batch_size=16",
     "threads=1",
 ]
+
+
+def suite_missing() -> list[str]:
+    """What the suite part needs and this interpreter lacks (then it is skipped, and no time is kept for it)."""
+    return [m for m in ("mlflow", "pandas", "matplotlib") if importlib.util.find_spec(m) is None]
+
+
+def vllm_importable() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def reserve_s(device: torch.device, vllm_python: str | None) -> float:
+    """Seconds the RL part leaves for the parts after it: only for those that will run (a suite part that is skipped
+    for want of MLflow once took 240 s from the RL part, leaving it 1–3 steps)."""
+    vllm = device.type == "cuda" and (vllm_importable() or vllm_python is not None)
+    suite = 0.0 if suite_missing() else SUITE_RESERVE_S[device.type]
+    return (VLLM_RESERVE_S if vllm else 10.0) + suite
 
 
 def _suite(args: list[str], timeout: float, make: bool = False) -> tuple[subprocess.CompletedProcess, float]:
@@ -549,7 +571,7 @@ def part_suite(state: dict) -> dict:
 
     from gspo_study.config import load_config as load
 
-    missing = [m for m in ("mlflow", "pandas", "matplotlib") if importlib.util.find_spec(m) is None]
+    missing = suite_missing()
     if missing:
         return {
             "status": "skipped",
@@ -571,13 +593,14 @@ def part_suite(state: dict) -> dict:
     ]
     train = ["train.steps=3", "eval.every=0", "train.checkpoint_every=0", "eval.num_prompts=" + ("4" if tiny else "64")]
     base, coldstart = "experiments/gpu/base.yaml", "experiments/gpu/coldstart.yaml"
-    out = {"device": str(device), "overrides": common}
+    runs = TINY_SUITE_RUNS if tiny else SUITE_RUNS
+    out = {"device": str(device), "overrides": common, "runs": list(runs)}
     _, out["sft_s"] = _suite(["sft", coldstart, *common, *sft], check.left())
     ckpt = resolve_run(load([ROOT / coldstart], [*common, *sft])).coldstart
     out["sft"] = json.loads((ckpt / "sft_log.json").read_text())["meta"]
     before = load_file(str(next(ckpt.glob("*.safetensors"))))
     client = MlflowClient(store)
-    for run in SUITE_RUNS:
+    for run in runs:
         files = [base, f"experiments/runs/{run}.yaml"]
         over = [*common, *train, f"init_checkpoint={ckpt}"]
         _, seconds = _suite(["train", *files, *over], check.left())
@@ -607,6 +630,7 @@ def part_suite(state: dict) -> dict:
             raise RuntimeError(f"{run}: {out[run]}")
     figure = check.out / "figure-1"
     over = f"train.device={device.type} results_dir={figure} tracking.uri=sqlite:///{figure}/mlflow.db train.steps=2"
+    over += " sft.steps=50" if tiny else ""
     make = ["make", "-o", "install", "reproduce-figure-1", f"PY={sys.executable}", "SCALE=smoke", "SEEDS=1", "JOBS=1"]
     _, out["reproduce_figure_1_s"] = _suite([*make, f"OVERRIDES={over}"], check.left(), make=True)
     out["figure_files"] = sorted(p.name for p in figure.rglob("figure-1*.png"))
@@ -651,21 +675,22 @@ def summary(results: dict) -> str:
     if rl.get("status") == "ok":
         for run in RUNS:
             r = rl[run]
+            replay = "" if r["routing_replay"] == "none" else f", {r['replayed_router_calls']} router calls replayed"
             lines.append(
                 f"rl {run}: {len(r['steps'])} steps, reward {r['reward_first']:.3f} → {r['reward_last']:.3f}, routing "
                 f"volatility {100 * r['mean_volatility_per_update']:.2f} % per update, "
-                f"{100 * r['mean_volatility_per_step']:.2f} % per step (paper: ≈ 10 % per update)"
+                f"{100 * r['mean_volatility_per_step']:.2f} % per step (paper: ≈ 10 % per update){replay}"
             )
     suite = results.get("suite", {})
     if suite.get("status") == "ok":
         runs = ", ".join(
             f"{r} {suite[r]['seconds_per_step']:.2f} s/step"
             + (f", {suite[r]['peak_gpu_memory_gb']:.2f} GB peak" if suite[r].get("peak_gpu_memory_gb") else "")
-            for r in SUITE_RUNS
+            for r in suite["runs"]
         )
         lines.append(
-            f"suite: sft {suite['sft_s']:.0f} s; train on {suite[SUITE_RUNS[0]]['provenance_device']} "
-            f"({suite[SUITE_RUNS[0]]['provenance_precision']}): {runs}; make reproduce-figure-1 SCALE=smoke "
+            f"suite: sft {suite['sft_s']:.0f} s; train on {suite[suite['runs'][0]]['provenance_device']} "
+            f"({suite[suite['runs'][0]]['provenance_precision']}): {runs}; make reproduce-figure-1 SCALE=smoke "
             f"{suite['reproduce_figure_1_s']:.0f} s"
         )
     return "\n".join(lines) + "\n"
@@ -702,12 +727,10 @@ def main(argv: list[str] | None = None) -> int:
     state["experts"], tried = pick_experts_kernel(shape, device, args.experts)
     check.results["env"]["experts_kernels_failed"] = tried
     state["sft_budget_s"] = 0.25 * args.budget_s
-    vllm_runs = device.type == "cuda" and importlib.util.find_spec("vllm") is not None
-    state["reserve_s"] = (VLLM_RESERVE_S if vllm_runs else 10.0) + SUITE_RESERVE_S[device.type]
+    state["reserve_s"] = reserve_s(device, args.vllm_python)
     if check.part("coldstart", part_coldstart, state)["status"] == "ok":
         check.part("hf_engine", part_hf_engine, state)
         check.part("rl", part_rl, state)
-    state["reserve_s"] -= SUITE_RESERVE_S[device.type]
     check.part("suite", part_suite, state)
     check.part("vllm", part_vllm, state)
     state["vllm_python"] = args.vllm_python

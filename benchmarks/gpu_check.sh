@@ -29,4 +29,4 @@ if ! has_deps; then
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     echo "installed $(ls "$bundle"/*.whl | wc -l) wheels from $bundle/ into $site"
 fi
-PYTHONUNBUFFERED=1 exec "$py" benchmarks/gpu_check.py --out "$out" "$@"
+PYTHONUNBUFFERED=1 exec "$py" -m benchmarks.gpu_check --out "$out" "$@"

@@ -2,10 +2,10 @@
 RL steps, the suite's own peak-memory estimate of its largest step (`gspo_study.train.memory.estimate`, the
 arithmetic every run is checked with before it is tracked), and an estimated time on one GPU.
 
-    python benchmarks/gpu_scale.py            # prints the table and the model's sizes
+    python -m benchmarks.gpu_scale            # prints the table and the model's sizes
 
 docs/SCALE.md's `gpu-scale` and `gpu-model` blocks are this script's `table` and `model_sizes`, written there by
-`python analysis/readme.py` with the docs' other numbers (tests/test_gpu_scale.py fails when they are stale).
+`python -m analysis.readme` with the docs' other numbers (tests/test_gpu_scale.py fails when they are stale).
 
 The time is an estimate, not a measurement (no GPU has been lent to this project): RL steps × SECONDS_PER_STEP
 plus evaluations × SECONDS_PER_EVAL, both assumed for the 48-layer miniature on one H200, where the step is
@@ -23,14 +23,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gspo_study.models import build_char_tokenizer, build_model
+from gspo_study.run import run_key
+from gspo_study.study import figure_configs, figures, parse_seeds
+from gspo_study.tasks import get_task
+from gspo_study.train.memory import GIB, Shapes, estimate, longest_prompt
 
-from gspo_study.models import build_char_tokenizer, build_model  # noqa: E402
-from gspo_study.run import run_key  # noqa: E402
-from gspo_study.study import figure_configs, figures, parse_seeds  # noqa: E402
-from gspo_study.tasks import get_task  # noqa: E402
-from gspo_study.train.memory import GIB, Shapes, estimate, longest_prompt  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SECONDS_PER_STEP = 1.5  # assumed: one RL step of the gpu base (64 prompts × 8, 40 new tokens) on one H200
 SECONDS_PER_EVAL_BATCH = 0.6  # assumed: 40 decode steps of one evaluation batch
@@ -58,8 +57,10 @@ def prompt_tokens(task, eval_prompts: int) -> int:
 
 def rows() -> list[dict]:
     out = []
-    for name in figures():
+    for name, spec in figures().items():
         figure = name.removeprefix("figure-")
+        if spec.get("sweep") and "gpu" not in spec["sweep"]:
+            continue  # not defined at the gpu scale (the routing frontier's doses are calibrated per scale)
         configs = {run_key(c): c for _, c in figure_configs(figure, "gpu", parse_seeds(None, "gpu", figure))}
         peak, seconds = 0.0, 0.0
         for cfg in configs.values():

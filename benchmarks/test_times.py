@@ -2,7 +2,7 @@
 
     rm -rf /tmp/ci && git clone -q . /tmp/ci && cd /tmp/ci && \\
         time PYTEST_ADDOPTS=--junitxml=/tmp/ci-tests.xml make test        # note the wall time, N seconds
-    python benchmarks/test_times.py /tmp/ci-tests.xml --total-s N --commit <hash> --machine "2-core AVX2 EPYC"
+    python -m benchmarks.test_times /tmp/ci-tests.xml --total-s N --commit <hash> --machine "2-core AVX2 EPYC"
 
 It adds the clone to `clean_clones` (its test time: the report's, its total: N, both environments built) and sets
 `per_file_s` (each test file's seconds, summed over its tests), which orders the files on the two pytest workers
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     clone = {"commit": args.commit, "tests_s": round(tests_s), "total_s": round(args.total_s)}
     new = {"measured": date.today().isoformat(), "machine": args.machine, "clean_clones": [*same, clone]}
     TIMES.write_text(json.dumps({**new, "per_file_s": files}, indent=2) + "\n")
-    print(f"{TIMES.relative_to(ROOT)}: {clone}; rewrite the README with python analysis/readme.py")
+    print(f"{TIMES.relative_to(ROOT)}: {clone}; rewrite the README with python -m analysis.readme")
     return 0
 
 

@@ -164,6 +164,7 @@ def _cmd_rollout_server(args) -> None:
     trainer expects it: the command line of `vllm_server.server_argv`, run (or printed)."""
     import os
 
+    from gspo_study.moe.modes import REPLAY_MODES
     from gspo_study.rollout.vllm_server import is_cpu_build, server_argv, server_env, write_model_dir
     from gspo_study.runtime import load_policy
 
@@ -172,7 +173,7 @@ def _cmd_rollout_server(args) -> None:
     if not source:
         raise ConfigError("rollout-server needs the weights to serve: --checkpoint DIR or init_checkpoint=DIR")
     python = cfg.rollout.server.python or sys.executable
-    routing, cpu = cfg.algo.routing_replay == "r3", is_cpu_build(python)
+    routing, cpu = REPLAY_MODES[cfg.algo.routing_replay].records_rollout, is_cpu_build(python)
     model_dir, server = Path(args.model_dir), cfg.rollout.server
     argv = server_argv(python, str(model_dir), args.port, cfg.rollout.dtype, server, cpu, routing, args.host)
     env = server_env(server, cpu)

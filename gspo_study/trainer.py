@@ -26,11 +26,13 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_study.config import Config, ConfigError, objective_hparams
 from gspo_study.errors import NonFiniteError, Terminated
@@ -47,20 +49,20 @@ from gspo_study.moe import (
     routing_share,
     routing_volatility,
 )
-from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
+from gspo_study.objectives import Objective, combine_metrics, get_objective, group_advantages, zero_std_group_frac
 from gspo_study.objectives.correction import correction_weights
 from gspo_study.rollout import Perturbation, RolloutBatch, make_engine
 from gspo_study.rollout.base import RolloutEngine, merge_batches
 from gspo_study.run import RunSetup, check_start, resolve_run, run_lock
 from gspo_study.tasks import get_task
+from gspo_study.tasks.base import Task
 from gspo_study.tracking import NullTracker, Tracker
-from gspo_study.train import make_backend
+from gspo_study.train import TrainingBackend, make_backend
 from gspo_study.train.checkpointing import RunState, load_run_checkpoint, save_run_checkpoint, settle_interrupted_save
 from gspo_study.train.dist import gather
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.lag import SNAPSHOTS, PolicyLag
 from gspo_study.train.memory import check_positions, check_step_fits, longest_prompt
-from gspo_study.train.torch_backend import TorchBackend
 
 
 def derive_seed(seed: int, step: int, purpose: str) -> int:
@@ -73,12 +75,12 @@ class Context:
 
     run: RunSetup
     cfg: Config
-    model: object
-    tokenizer: object
-    task: object
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    task: Task
     engine: RolloutEngine
-    objective: object
-    backend: TorchBackend
+    objective: Objective
+    backend: TrainingBackend
     tracker: Tracker | None
     state: RunState
     flops_per_token: float
@@ -201,12 +203,15 @@ def old_policy(ctx: Context, batch: RolloutBatch) -> OldPolicy:
 
 @dataclass
 class StepInputs:
-    """What every update of a step reads."""
+    """What every update of a step reads, and the telemetry's reference."""
 
     batch: RolloutBatch
     advantages: torch.Tensor
     old: OldPolicy
     weights: torch.Tensor | None = None  # the rollout correction's per-token multipliers, or None
+    # π_old's log-probs and routing with its routers free (`route_baseline`), None without MoE layers: what the
+    # routing telemetry compares the updated policy with
+    baseline: tuple[torch.Tensor, RoutingTrace] | None = None
 
 
 def rollout_correction(
@@ -241,6 +246,7 @@ class MinibatchResult:
     tokens: float  # the minibatch's response tokens
     rows: torch.Tensor  # this rank's rows of the minibatch
     routing: RoutingTrace | None  # this rank's rows' natural routing in the update's forward, when asked
+    replayed_calls: int = 0  # router calls of this rank's forwards that replayed a trace (R2/R3; 0 without)
 
 
 def _routing_context(model, replay: RoutingTrace | None, micro, record: bool):
@@ -260,7 +266,7 @@ def update_minibatch(
     mask = batch.response_mask
     normalizer = ctx.objective.batch_normalizer(mask[rows])  # the whole minibatch's count, on every rank
     local = rows[ctx.rank :: ctx.world]
-    parts, ent_sum, traces = [], 0.0, []
+    parts, ent_sum, traces, replayed = [], 0.0, [], 0
     micros = local.split(ctx.cfg.train.micro_batch_size or len(local))
     for i, micro in enumerate(micros):
         with _routing_context(ctx.model, old.replay, micro, record) as routed:
@@ -282,13 +288,16 @@ def update_minibatch(
             ctx.backend.backward(loss, last=i == len(micros) - 1)
         if record:
             traces.append(routed.natural if old.replay is not None else routed)
+        replayed += getattr(routed, "replayed_calls", 0)  # the replay handle's count; 0 without one
         parts.append(metrics)
         ent_sum += torch.where(mask[micro], ent, torch.zeros_like(ent)).sum().item()
     grad_norm = ctx.backend.step(lr)
     everyone = gather((parts, ent_sum), ctx.world)
     parts, ent_sum = [p for ps, _ in everyone for p in ps], sum(e for _, e in everyone)
     routing = RoutingTrace.cat(traces) if traces else None
-    return MinibatchResult(combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing)
+    return MinibatchResult(
+        combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing, replayed
+    )
 
 
 def per_update_volatility(natural_old: RoutingTrace, result: MinibatchResult, mask: torch.Tensor) -> dict:
@@ -299,9 +308,14 @@ def per_update_volatility(natural_old: RoutingTrace, result: MinibatchResult, ma
     return {f"moe/routing_volatility/per_update/{k}": vol[k] for k in ("overall", "tokens_any_changed")}
 
 
-def update(ctx: Context, inputs: StepInputs, step: int) -> dict[str, float]:
+OnUpdate = Callable[[StepInputs, int, MinibatchResult], None]
+
+
+def update(ctx: Context, inputs: StepInputs, step: int, on_update: OnUpdate | None = None) -> dict[str, float]:
     """`num_minibatches` updates over a seeded permutation of the batch (with π_old's natural routing, the second
-    update's forward also measures the routing volatility after one update)."""
+    update's forward also measures the routing volatility after one update). `on_update(inputs, i, result)` is
+    called after update i, for a caller that reads the policy between updates (the GPU check: routing volatility
+    after every update); it must leave the model, its gradients and every random stream as it found them."""
     cfg, batch, weights, natural_old = ctx.cfg, inputs.batch, inputs.weights, inputs.old.natural
     perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch")))
     sums, out, norms = defaultdict(float), {}, []
@@ -310,6 +324,8 @@ def update(ctx: Context, inputs: StepInputs, step: int) -> dict[str, float]:
     for i, rows in enumerate(perm.chunk(cfg.train.num_minibatches)):
         record = i == 1 and natural_old is not None
         res = update_minibatch(ctx, inputs, rows, lr, record=record)
+        if on_update is not None:
+            on_update(inputs, i, res)
         metrics, norm = res.metrics, res.grad_norm
         ent_sum, ent_tokens = ent_sum + res.entropy_sum, ent_tokens + res.tokens
         if record:
@@ -352,16 +368,14 @@ def route_baseline(ctx: Context, batch: RolloutBatch, old: OldPolicy) -> tuple[t
     return old.train_logprobs, old.natural
 
 
-def telemetry(
-    ctx: Context, inputs: StepInputs, baseline: tuple[torch.Tensor, RoutingTrace] | None, step: int = 0
-) -> dict[str, float]:
+def telemetry(ctx: Context, inputs: StepInputs, step: int = 0) -> dict[str, float]:
     """After the step's last update, on its rollout: routing volatility (updated policy vs π_old), the share of
     the importance log-ratio that is routing (`moe/route/*`), both on `telemetry.route_rows` of the responses;
     train–inference mismatch and, where the rollout engine recorded routing, train–inference routing
     disagreement (π_old's free routing vs the engine's), both on the whole batch at no extra forward."""
     out = {}
     batch, adv, natural_old, train_lp = inputs.batch, inputs.advantages, inputs.old.natural, inputs.old.train_logprobs
-    mask = batch.response_mask
+    baseline, mask = inputs.baseline, batch.response_mask
     if natural_old is not None:
         rows = telemetry_rows(ctx, len(batch), step)
         sub = batch if rows is None else batch.select(rows)
@@ -451,9 +465,12 @@ class Stopwatch:
         return sum(s for name, s in self.spans.items() if name not in self.diagnostic)
 
 
-def rl_step(ctx: Context, step: int) -> dict[str, float]:
-    """One step as its five phases (module docstring); compute_metrics counts the training spans only."""
-    watch = Stopwatch()
+def rl_step(
+    ctx: Context, step: int, on_update: OnUpdate | None = None, watch: Stopwatch | None = None
+) -> dict[str, float]:
+    """One step as its five phases (module docstring); compute_metrics counts the training spans only.
+    `on_update`: see `update`; `watch`: the caller's Stopwatch, to read the phases' seconds (a benchmark)."""
+    watch = Stopwatch() if watch is None else watch
     with watch.span("rollout"):
         if ctx.lag is not None:
             ctx.lag.advance(ctx.model)
@@ -469,10 +486,10 @@ def rl_step(ctx: Context, step: int) -> dict[str, float]:
         metrics["rollout/reward_errors"] = float(reward_errors)
         weights, correction = rollout_correction(ctx.cfg, old.train_logprobs, batch)
         metrics.update(correction)
-        inputs = StepInputs(batch, adv, old, weights)
-        metrics.update(update(ctx, inputs, step))
+        inputs = StepInputs(batch, adv, old, weights, baseline)
+        metrics.update(update(ctx, inputs, step, on_update))
     with watch.span("telemetry", training=False):
-        metrics.update(telemetry(ctx, inputs, baseline, step))
+        metrics.update(telemetry(ctx, inputs, step))
     metrics.update(compute_metrics(ctx, batch, watch.training_seconds()))
     ctx.samples_text = [
         f"[{r:.0f}] {p.prompt}{t!r}" for p, t, r in zip(rows[:16], batch.response_texts, rewards.tolist())
@@ -499,18 +516,33 @@ def eval_metrics(ctx: Context) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------ loop
 def setup(run: RunSetup, mlflow_run_id: str | None = None, logged_upto: int | None = None) -> Context:
-    """Build everything a run needs; every bad input fails here, before the run is tracked."""
+    """Build everything a run needs, from its checkpoint or its start; every bad input fails here, before the run
+    is tracked."""
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model, tokenizer, state, optim_state = load_run_checkpoint(run, mlflow_run_id, logged_upto)
+    return build_context(run, model, tokenizer, state, optim_state)
+
+
+def build_context(
+    run: RunSetup,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    state: RunState | None = None,
+    optim_state: dict | None = None,
+) -> Context:
+    """The run's Context around a model in memory, on its device (`setup` loads it; the GPU check builds its own):
+    the task, the checks that refuse a step that cannot work, the training backend (with the optimizer state to
+    resume), the rollout engine and the objective."""
+    cfg, state = run.cfg, RunState() if state is None else state
     task = get_task(cfg.task)
     task.eval_problems(cfg.eval.num_prompts)  # a task with fewer held-out problems fails here, not at step 0
     prompt_tokens = longest_prompt(task, tokenizer, cfg.eval.num_prompts)
     check_positions(cfg, model, prompt_tokens)  # prompt + response within the model's positions
     check_step_fits(cfg, model, prompt_tokens)  # before the run is tracked: a step that cannot fit is refused
-    if cfg.algo.routing_replay != "none" and not has_moe(model):
+    if replay_mode(cfg).replays is not None and not has_moe(model):
         raise ConfigError(
             f"algo.routing_replay={cfg.algo.routing_replay!r} needs a model with MoE layers; this model has "
             "none (allowed here: routing_replay=none)"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,12 @@ import torch
 import transformers
 from mlflow import MlflowClient
 
+from analysis import figures, report, summary
+from gspo_study.archive import ARCHIVE, SOURCE, import_study, read_archive, study_configs, write_archive
+from gspo_study.cli import main
+from gspo_study.study import run_figure
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
-
-from analysis import figures, report, summary  # noqa: E402
-from gspo_study.archive import ARCHIVE, SOURCE, import_study, read_archive, study_configs, write_archive  # noqa: E402
-from gspo_study.cli import main  # noqa: E402
-from gspo_study.study import run_figure  # noqa: E402
-
 FIGURES = (1, 2, 3, 4, 5)  # their three runs (gspo, grpo_r2, grpo) at seed 1: a few seconds each
 RUNS = ("gspo", "grpo_r2", "grpo")
 

@@ -10,7 +10,7 @@ from analysis import readme
 
 
 def test_measured_blocks_are_their_measurements():
-    assert readme.stale_measured() == [], "run: python analysis/readme.py"
+    assert readme.stale_measured() == [], "run: python -m analysis.readme"
     for path, writers in readme.MEASURED.items():
         assert {m["name"] for m in readme.BLOCK.finditer(path.read_text())} == set(writers), path
 

@@ -1,4 +1,4 @@
-"""Writes that fail part-way (issue 36 §4): the disk fills up under a run, an SFT, the MLflow store and an export.
+"""Writes that fail part-way: the disk fills up under a run, an SFT, the MLflow store and an export.
 A small tmpfs is mounted for each case (root; CI runs as root) and filled the moment the job is past its free-space
 check. Each must end with one line (exit 4), leave the previous checkpoint / cold start / store / archive intact,
 and its rerun, with space again, must complete with the numbers of a job that never failed."""

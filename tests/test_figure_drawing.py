@@ -9,7 +9,6 @@ ends of each range (a mean ± t-band over 3 seeds then crosses 0 or 1) and singl
 from __future__ import annotations
 
 import math
-import sys
 import zlib
 from pathlib import Path
 
@@ -17,11 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
+from analysis import common, figures
+from gspo_study.config import load_config
 
-from analysis import common, figures  # noqa: E402
-from gspo_study.config import load_config  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 REWARD, PASS1 = "rollout/reward/mean", "eval/pass@1"
 POL, TOTAL, SHARE = "moe/route/pol_var", "moe/route/total_var", "moe/route/r2_removed_share"

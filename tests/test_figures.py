@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +14,13 @@ import pytest
 from mlflow import MlflowClient
 from scipy import stats
 
+from analysis import common, figures, report
+from gspo_study.config import ConfigError
+from gspo_study.run import run_key
+from gspo_study.study import figure_configs, run_config, run_figure
+from gspo_study.tracking import mlflow_key
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
-
-from analysis import common, figures, report  # noqa: E402
-from gspo_study.config import ConfigError  # noqa: E402
-from gspo_study.run import run_key  # noqa: E402
-from gspo_study.study import figure_configs, run_config, run_figure  # noqa: E402
-from gspo_study.tracking import mlflow_key  # noqa: E402
-
 SEEDS = [1, 2]
 PAPER_VALUES = {0.15, 0.0013, 0.10}
 CLIP, VOL = "policy/clip_frac/token", "moe/routing_volatility"

@@ -5,19 +5,12 @@ moves them fails until the docs follow)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from benchmarks import gpu_scale
 from gspo_study.models.presets import active_params
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("gpu_scale", ROOT / "benchmarks" / "gpu_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _blocks() -> dict[str, str]:
@@ -27,18 +20,16 @@ def _blocks() -> dict[str, str]:
 
 
 def test_docs_gpu_scale_block_is_the_scripts():
-    gpu_scale = _module()
     rows = gpu_scale.rows()
     assert {r["figure"] for r in rows} >= {"1", "8", "9", "11"} and all(r["runs"] > 0 for r in rows)
-    assert _blocks()["gpu-scale"] == gpu_scale.table(rows) + "\n", "run: python analysis/readme.py"
+    assert _blocks()["gpu-scale"] == gpu_scale.table(rows) + "\n", "run: python -m analysis.readme"
 
 
 def test_docs_model_sizes_are_the_presets():
     """docs/SCALE.md's `gpu-model` block is `model_sizes()`, whose numbers are the model's, counted here."""
-    gpu_scale = _module()
     model = gpu_scale.model_of("qwen3-moe-mini", None)
     total, active = sum(p.numel() for p in model.parameters()), active_params(model.config)
     said = gpu_scale.model_sizes()
-    assert _blocks()["gpu-model"] == said + "\n", "run: python analysis/readme.py"
+    assert _blocks()["gpu-model"] == said + "\n", "run: python -m analysis.readme"
     assert f"{total / 1e6:.0f} M parameters, {active / 1e6:.1f} M of them active" in said
     assert f"is {18 * total / 1e9:.1f} GB" in said and f"{10 * 4 * total / 1e9:.1f} GB more at k = 8" in said

@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from analysis.figures import make_figure
+from gspo_study.run import run_key
+from gspo_study.study import figure_configs, run_figure
+
 from .servers import free_port, stop_group, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
-
-from analysis.figures import make_figure  # noqa: E402
-from gspo_study.run import run_key  # noqa: E402
-from gspo_study.study import figure_configs, run_figure  # noqa: E402
-
 READY_S = 60
 TIMEOUT_S = 10  # per HTTP request
 

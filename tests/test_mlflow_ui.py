@@ -12,19 +12,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from analysis.figures import make_figure
+from gspo_study.study import run_figure
+
 from .servers import free_port, stop_group, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `analysis` is a folder of scripts, not an installed package
-
-from analysis.figures import make_figure  # noqa: E402
-from gspo_study.study import run_figure  # noqa: E402
-
 APT = "apt-get install -y --no-install-recommends chromium"
 READY_S = 90
 FLAGS = [

@@ -28,17 +28,30 @@ def found():
 
 
 def test_blocks_are_what_the_shipped_results_say(found):
-    assert readme.stale(found=found) == [], "run: python analysis/readme.py"
+    assert readme.stale(found=found) == [], "run: python -m analysis.readme"
     for path in readme.DOCS:
         names = {m["name"] for m in readme.BLOCK.finditer(path.read_text())}
         assert names and names <= found.keys(), path
 
 
-def test_a_changed_number_is_caught(found):
+def _bumped(text: str, start: int = 0) -> str:
+    """`text` with its first digit from `start` on changed (9 → 0, else + 1)."""
+    at = start + re.search(r"\d", text[start:]).start()
+    return text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1 :]
+
+
+def test_a_changed_number_is_caught(found, tmp_path, monkeypatch):
+    """`stale` (what `--check` and the test above run) names the document when one digit of a block differs from
+    the results, whether the text was typed over or the results moved, and nothing while they agree."""
     text = README.read_text()
-    assert readme.rewrite(text, found) == text
-    bumped = {k: v.replace("0.", "0.9", 1) for k, v in found.items()}
-    assert readme.rewrite(text, bumped) != text  # a redraw that moves a number makes the README stale
+    block = next(m for m in readme.BLOCK.finditer(text) if re.search(r"\d", m["body"]))
+    monkeypatch.setattr(readme, "ROOT", tmp_path)
+    monkeypatch.setattr(readme, "DOCS", (tmp_path / "README.md",))
+    (tmp_path / "README.md").write_text(text)
+    assert readme.stale(found=found) == []
+    assert readme.stale(found={**found, block["name"]: _bumped(found[block["name"]])}) == ["README.md"]
+    (tmp_path / "README.md").write_text(_bumped(text, block.start("body")))
+    assert readme.stale(found=found) == ["README.md"]
     with pytest.raises(KeyError, match="unknown block 'typo'"):
         readme.rewrite("<!-- BEGIN typo -->\nx\n<!-- END typo -->", found)
 

@@ -369,7 +369,6 @@ def test_killed_sweep_resumes_to_the_same_figure(smoke_results, tmp_path):
         cmd, env={**env, "GSPO_STUDY_KILL_AT_STEP": "2"}, capture_output=True, text=True, timeout=300
     )
     assert first.returncode == -signal.SIGKILL
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `analysis` is a folder of scripts
     from analysis.figures import make_figure
     from gspo_study.study import run_figure
 

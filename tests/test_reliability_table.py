@@ -1,4 +1,4 @@
-"""Adversarial probes (issue 21), kept: every bad input as one table (input → its one-line error, exit 2,
+"""Adversarial probes, kept: every bad input as one table (input → its one-line error, exit 2,
 nothing written), kills at random moments of a run, an SFT and a sweep compared value for value with
 uninterrupted ones, processes racing on one run, one cold start and one new store, and tampered checkpoints.
 
@@ -129,7 +129,7 @@ TABLE = [
     ("sft", [SMOKE, "model.num_experts=0"], "for 'model.num_experts'"),
     ("sft", [SMOKE, *MATH], "has no SFT targets (its records need a 'solution' field)"),
     ("sft", [SMOKE, "results_dir=READONLY"], "cannot write in"),
-    # issue 36: the model a run names, settings it ignores, sizes against the machine, prompt + response positions
+    # the model a run names, settings it ignores, sizes against the machine, prompt + response positions
     ("train", [SMOKE, "model.path=/nonexistent/model"], "for 'model.path': no such directory"),
     ("sft", [SMOKE, "model.path=/nonexistent/model"], "for 'model.path': no such directory"),
     ("train", [SMOKE, "task.path=DATA"], "takes no part in this run (only with task.name=math_file)"),

@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 from analysis.report import (
-    MARGIN,
     METHOD,
     WITHIN,
     Verdict,
@@ -107,7 +106,20 @@ def test_estimate_renders_its_half_width_once():
 
 
 def test_method_states_the_margin_and_window():
-    assert f"δ = {MARGIN}" in METHOD and f"[value/{WITHIN:g}" in METHOD
+    """The margin δ and the magnitude window that the printed method states (read from its text, as a reader
+    would) are where `verdict`'s outcomes change."""
+    import re
+
+    delta = float(re.search(r"δ = ([0-9.]+)", METHOD)[1])
+    window = float(re.search(r"\[value/([0-9.]+),", METHOD)[1])
+    below, above = delta * 0.99, delta * 1.01
+    assert verdict("diff", -0.01, below) == V.NOT_REPRODUCED and verdict("diff", -0.01, above) == V.INCONCLUSIVE
+    assert verdict("no_harm", -below, 0.01) == V.CONSISTENT and verdict("no_harm", -above, 0.01) == V.INCONCLUSIVE
+    paper = 0.1
+    inside, outside = (paper / window * 1.01, paper * window * 0.99), (paper / window * 0.99, paper * window * 0.99)
+    assert verdict("magnitude", *inside, paper=paper) == V.REPRODUCES
+    assert verdict("magnitude", *outside, paper=paper) == V.INCONCLUSIVE
+    assert verdict("magnitude", paper * window * 1.01, paper * window * 2, paper=paper) == V.NOT_REPRODUCED
 
 
 def test_sweep_pools_by_seed_and_sets_collapsed_cells_apart():

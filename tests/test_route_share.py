@@ -160,7 +160,7 @@ def instrument(ctx, batch, adv) -> dict[str, float]:
     old = trainer.old_policy(ctx, batch)
     baseline = trainer.route_baseline(ctx, batch, old)
     perturb(ctx.model)
-    out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old), baseline)
+    out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old, baseline=baseline))
     return {k: v for k, v in out.items() if k.startswith("moe/route/")}
 
 
@@ -176,7 +176,7 @@ def test_instrument_is_the_same_whatever_the_replay_mode_and_zero_without_a_chan
         if mode == "none":  # before any change: routing's part is exactly zero
             old = trainer.old_policy(ctx, batch)
             base = trainer.route_baseline(ctx, batch, old)
-            still = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old), base)
+            still = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old, baseline=base))
             assert still["moe/route/abs_max"] == 0.0 and still["moe/route/clip_flip_token"] == 0.0
         readings[mode] = instrument(ctx, batch, adv)
     assert readings["none"]["moe/route/abs_mean"] > 0  # the perturbation moved some routing
@@ -233,7 +233,7 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
         adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
         old = trainer.old_policy(ctx, batch)
         base = trainer.route_baseline(ctx, batch, old)
-        out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old), base, 1)
+        out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old, baseline=base), 1)
         want = routing_volatility(base[1], batch.routing, batch.response_mask)
         gaps[mode, dtype] = {k: v for k, v in out.items() if k.startswith("moe/train_infer_routing/")}
         assert gaps[mode, dtype] == {f"moe/train_infer_routing/{k}": v for k, v in want.items()}
@@ -249,7 +249,7 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
     train_lp, natural_old = old.train_logprobs, old.natural
     base = trainer.route_baseline(ctx, batch, old)
     perturb(ctx.model)
-    out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old), base, 1)
+    out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old, baseline=base), 1)
     rows = trainer.telemetry_rows(ctx, len(batch), 1)
     assert len(rows) == len(batch) // 2 and rows.tolist() != list(range(len(rows)))
     sub = batch.select(rows)

@@ -1,4 +1,4 @@
-"""The model a run names is the model it trains (issue 36 §1): a `model.path` gets its own cold start (its name
+"""The model a run names is the model it trains: a `model.path` gets its own cold start (its name
 and fingerprint), never the preset's; `sft.per_seed` gives each seed its own; settings a run ignores are refused."""
 
 from __future__ import annotations

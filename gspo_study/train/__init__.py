@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from gspo_study.config import Config, ConfigError
+from gspo_study.train.base import TrainingBackend
 
 
-def make_backend(cfg: Config, model) -> tuple[int, int, object]:
+def make_backend(cfg: Config, model) -> tuple[int, int, TrainingBackend]:
     """(rank, world size, training backend) for `train.backend`."""
     if cfg.train.backend == "torch":
         from gspo_study.train.torch_backend import TorchBackend

@@ -1,0 +1,63 @@
+"""Training numbers are pinned like run identities: the first steps of a handful of smoke runs (tests/golden/regen.py
+says which, and why) give exactly the numbers in tests/golden/numbers.json. A change to the numerics that keeps every
+run key fails here until the file is regenerated on purpose (`python -m tests.golden.regen`, its diff reviewed)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.golden import regen
+
+
+def moved_numbers(got: dict, golden: dict) -> dict[str, tuple[float, float]]:
+    """`label: (pinned, now)` for every number of `got` that is not exactly the pinned one (NaN equals NaN), and for
+    every metric one side has and the other lacks."""
+    moved = {}
+    for name, steps in golden.items():
+        for step, (want, have) in enumerate(zip(steps, got.get(name, [])), 1):
+            for key in sorted(want.keys() | have.keys()):
+                a, b = want.get(key, math.nan), have.get(key, math.nan)
+                if key not in want or key not in have or not (a == b or a != a and b != b):
+                    moved[f"{name} step {step} {key}"] = (a, b)
+    return moved
+
+
+def test_the_pinned_runs_cover_every_objective_replay_mode_dtype_and_a_correction():
+    from gspo_study.moe.modes import REPLAY_MODES
+    from gspo_study.objectives.core import OBJECTIVES
+
+    cfgs = [regen.config(name) for name in regen.RUNS]
+    assert {c.algo.objective for c in cfgs} == set(OBJECTIVES)
+    assert {c.algo.routing_replay for c in cfgs} == set(REPLAY_MODES)
+    assert {c.rollout.dtype for c in cfgs} == {"float32", "bfloat16"}
+    assert any(c.algo.rollout_correction != "none" for c in cfgs)
+    assert {c.algo.aggregation for c in cfgs} == {"seq_mean", "token_mean"}
+    assert {c.algo.old_logprobs for c in cfgs} == {"recompute", "rollout"}
+
+
+def test_training_numbers_are_the_pinned_ones(smoke_results, tmp_path):
+    paths = json.loads(regen.GOLDEN.read_text())["kernel_paths"]
+    path = regen.kernel_path()
+    if path not in paths:
+        pytest.skip(f"no numbers pinned for this CPU's kernel path ({path}); python -m tests.golden.regen adds them")
+    golden = paths[path]
+    assert list(golden["runs"]) == list(regen.RUNS), "run: python -m tests.golden.regen"
+    start = smoke_results / "smoke" / "checkpoints" / "coldstart"
+    moved = moved_numbers({name: regen.run_numbers(name, start, tmp_path) for name in regen.RUNS}, golden["runs"])
+    assert not moved, (
+        f"{len(moved)} pinned numbers moved (pinned with torch {golden['torch']}, transformers "
+        f"{golden['transformers']}), e.g. {dict(list(moved.items())[:3])}; if the change is meant: python -m "
+        "tests.golden.regen, and review the diff of tests/golden/numbers.json"
+    )
+
+
+def test_a_moved_number_is_named():
+    golden = {"gspo": [{"policy/loss": 0.25, "train/grad_norm": math.nan}]}
+    assert moved_numbers(golden, golden) == {}
+    nudged = {"gspo": [{"policy/loss": math.nextafter(0.25, 1.0), "train/grad_norm": math.nan}]}
+    assert list(moved_numbers(nudged, golden)) == ["gspo step 1 policy/loss"]  # one ulp is a move
+    extra = {"gspo": [{**golden["gspo"][0], "policy/new": 1.0}]}
+    assert list(moved_numbers(extra, golden)) == ["gspo step 1 policy/new"]
