@@ -13,8 +13,8 @@ Each job catches `Stop`, saves what is consistent at that point, and ends as `Te
 SIGTERM (more than 2 s after the first: one notice delivered twice is the same notice) or SIGINT stops at once; the
 job resumes from its last checkpoint.
 
-`GSPO_STUDY_SIGTERM_IN=<phase>@<n>` (tests) sends the SIGTERM a scheduler would, on the n-th entry into a phase —
-to the launcher under torchrun (which forwards it to every rank), else to this process.
+`GSPO_STUDY_SIGTERM_IN=<phase>@<n>` (tests) sends the SIGTERM a scheduler would, on the n-th entry into a phase:
+to this process, and under torchrun to the launcher too (which forwards it to every rank).
 """
 
 from __future__ import annotations
@@ -179,9 +179,11 @@ def uncut() -> Iterator[None]:
 
 
 def _inject(name: str, count: int) -> None:
-    """Tests: `GSPO_STUDY_SIGTERM_IN=<phase>@<n>` sends SIGTERM on the n-th entry into `phase` (rank 0 only; under
-    torchrun to the launcher, which forwards it to every rank, as a scheduler's notice arrives)."""
+    """Tests: `GSPO_STUDY_SIGTERM_IN=<phase>@<n>` sends SIGTERM on the n-th entry into `phase`, as a scheduler does:
+    to this process and, under torchrun, to the launcher, which forwards it to every rank (rank 0 sends it)."""
     want = os.environ.get(INJECT_ENV, "")
     if want != f"{name}@{count}" or os.environ.get("RANK", "0") != "0":
         return
-    os.kill(os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        os.kill(os.getppid(), signal.SIGTERM)

@@ -25,14 +25,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-import yaml
-
 from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this module's interface)
     Config,
     ConfigError,
     coldstart_name,
     coldstart_overrides,
     load_config,
+    read_yaml_file,
 )
 from gspo_study.errors import SweepInterrupted, Terminated
 from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this module's interface)
@@ -40,8 +39,11 @@ from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this
 DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "gpu": [1, 2, 3], "paper": [1]}
 
 
+MAX_FIGURES_VALUES = 10_000  # figures.yaml holds ~400 (its `&bf16_sweep` alias expanded): aliases stay bounded
+
+
 def figures(experiments: Path = EXPERIMENTS) -> dict[str, dict]:
-    return yaml.safe_load((experiments / "figures.yaml").read_text())
+    return read_yaml_file(experiments / "figures.yaml", MAX_FIGURES_VALUES)
 
 
 def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
