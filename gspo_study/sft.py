@@ -123,10 +123,12 @@ def _train(run: RunSetup) -> Path:
 
         check_shape(cfg, model, Path(cfg.model.path))
     from gspo_study.train.memory import check_positions, check_step_fits, longest_prompt
+    from gspo_study.train.sizes import check_sft
 
     prompt_tokens = longest_prompt(task, tokenizer, 1)
     check_positions(cfg, model, prompt_tokens)
     check_step_fits(cfg, model, prompt_tokens, sft=True)
+    check_sft(cfg, model, prompt_tokens)  # sft.steps within the stated time
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.sft.warmup_steps, cfg.sft.steps))
     progress = Progress(step=0, log=[], rng=random.Random(cfg.seed))

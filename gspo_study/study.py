@@ -93,7 +93,13 @@ def sweep_cells(spec: dict, scale: str) -> list[tuple[str, ...]]:
 
 
 def figure_configs(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[tuple[str, Config]]:
-    """(run name, config) for every sweep cell × run × seed of a figure (cell-major, then run, then seed)."""
+    """(run name, config) for every sweep cell × run × seed of a figure (cell-major, then run, then seed); a figure
+    of more runs than a sweep may plan is refused first (`sizes.check_runs`)."""
+    from gspo_study.train.sizes import check_runs
+
+    spec = figure_spec(figure)
+    per_seed = len(sweep_cells(spec, scale)) * len(spec["runs"])
+    check_runs(f"figure {figure}", per_seed * len(seeds), per_seed)
     return [
         (run, run_config(scale, run, seed, (*cell, *overrides))) for cell, run, seed in _items(figure, scale, seeds)
     ]

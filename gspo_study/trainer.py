@@ -60,6 +60,7 @@ from gspo_study.train.dist import gather
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.lag import SNAPSHOTS, PolicyLag
 from gspo_study.train.memory import check_positions, check_step_fits, longest_prompt
+from gspo_study.train.sizes import check_run
 from gspo_study.train.torch_backend import TorchBackend
 
 
@@ -509,6 +510,7 @@ def setup(run: RunSetup, mlflow_run_id: str | None = None, logged_upto: int | No
         torch.set_num_threads(cfg.threads)
     model, tokenizer, state, optim_state = load_run_checkpoint(run, mlflow_run_id, logged_upto)
     task = get_task(cfg.task)
+    check_run(cfg, model)  # train.steps and eval.* against this machine, before any problem is built
     task.eval_problems(cfg.eval.num_prompts)  # a task with fewer held-out problems fails here, not at step 0
     prompt_tokens = longest_prompt(task, tokenizer, cfg.eval.num_prompts)
     check_positions(cfg, model, prompt_tokens)  # prompt + response within the model's positions
