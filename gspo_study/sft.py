@@ -174,7 +174,8 @@ def _steps(cfg: Config, task, model, tokenizer, opt, sched, progress: Progress) 
     model.train()
     if _check_pending(cfg, progress) and _check(cfg, model, tokenizer, task, checks, progress) >= target:
         return
-    bar = tqdm(range(progress.step, cfg.sft.steps), desc="sft", dynamic_ncols=True, initial=progress.step)
+    steps = range(progress.step, cfg.sft.steps)
+    bar = tqdm(steps, desc="sft", dynamic_ncols=True, initial=progress.step, total=cfg.sft.steps)
     for step in bar:
         with stopping.phase("SFT step"):  # the weights and optimizer are between two states inside
             problems = task.sample_train(cfg.sft.batch_size, progress.rng)

@@ -28,7 +28,7 @@ LONGEST_FIRST = {
     "test_vllm_engine.py": 76,
     "test_mlflow_ui.py": 53,
     "test_archive.py": 39,
-    "test_sigterm.py": 39,
+    "test_sigterm.py": 55,
     "test_failed_writes.py": 39,
     "test_trainer.py": 17,
     "test_policy_lag.py": 11,

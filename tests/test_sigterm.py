@@ -224,3 +224,13 @@ def test_sigterm_stops_an_sft_and_the_rerun_resumes_it(tmp_path, monkeypatch, ca
     ]
     assert sum("pass@1" in e for e in logs[1]) == 3  # every check made once
     assert sorted(p.name for p in out.parent.iterdir()) == ["coldstart"]  # the stopped state is gone
+
+
+def test_a_bad_grace_is_one_line(tmp_path, monkeypatch, capsys):
+    from gspo_study.cli import main
+
+    monkeypatch.setenv(stopping.GRACE_ENV, "soon")
+    assert main(["train", SMOKE, f"results_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: bad value 'soon' for GSPO_STUDY_STOP_GRACE_S; allowed: a number of seconds > 0", err
+    assert not (tmp_path / "m.db").exists()
