@@ -172,7 +172,7 @@ SIZES = [
     ("train", [SMOKE, f"eval.num_prompts={HUGE}"], f"{HUGE} for 'eval.num_prompts'; allowed: an integer in [1, "),
     ("train", [SMOKE, f"eval.samples={HUGE}"], f"bad value {HUGE} for 'eval.samples'; allowed: an integer in [1, "),
     ("train", [SMOKE, f"train.steps={HUGE}"], f"bad value {HUGE} for 'train.steps'; allowed: an integer in [0, "),
-    ("train", [SMOKE, "eval.num_prompts=200"], "arith with 2 terms of 1 digits has 81 distinct problems"),
+    ("train", [SMOKE, "eval.num_prompts=200"], "has only 81 distinct problems, so fewer than 200 held-out problems"),
     ("sft", [SMOKE, f"sft.steps={HUGE}"], f"bad value {HUGE} for 'sft.steps'; allowed: an integer in [0, "),
     ("eval", ["--checkpoint", "INIT", "--num-prompts", HUGE], f"bad value {HUGE} for 'eval.num_prompts'; allowed"),
     ("eval", ["--checkpoint", "INIT", "--samples", HUGE], f"bad value {HUGE} for 'eval.samples'; allowed"),

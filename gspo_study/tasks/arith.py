@@ -65,8 +65,8 @@ class ArithTask:
         space = (9 * 10 ** (self.digits - 1)) ** self.num_terms  # distinct problems
         if n > space:  # at once: the draws below would run 800·n times before saying so
             raise ConfigError(
-                f"arith with {self.num_terms} terms of {self.digits} digits has {space} distinct problems (about "
-                f"{space // EVAL_SHARE} held out); lower eval.num_prompts or raise task.digits"
+                f"arith with {self.num_terms} terms of {self.digits} digits has only {space} distinct problems, so "
+                f"fewer than {n} held-out problems; lower eval.num_prompts or raise task.digits"
             )
         rng, seen, out = random.Random(EVAL_SEED), set(), []
         drawn: set | None = set() if space <= 100_000 else None  # a small space is used up long before 800·n draws
