@@ -111,9 +111,13 @@ def export_study(
     """Write the scale's runs to `out` (default `archive_path`); every one must have finished, or with `partial`
     the finished ones are written (a partly trained sweep, shipped as such). Returns (path, number of runs
     written, the runs left out)."""
+    from gspo_study.train.sizes import check_export
+
     cache: dict = {}
     rows, missing = [], []
-    for name, cfg in study_configs(scale, seeds, overrides, figures):
+    configs = study_configs(scale, seeds, overrides, figures)
+    check_export([cfg for _, cfg in configs])  # before any history is read
+    for name, cfg in configs:
         me = resolve_run(cfg)
         client, run = _tracked(me, cache)
         if run is None or run.info.status != "FINISHED":
@@ -155,6 +159,14 @@ def read_archive(path: Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no study archive at {path}; allowed: a file written by `make export-study`")
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+        raise ConfigError(f"study archive {path} is not readable Parquet ({type(exc).__name__}: {exc})") from None
+    from gspo_study.train.sizes import check_archive
+
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    check_archive(path, meta.num_rows, size)  # from its footer, before a row is read
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a damaged file

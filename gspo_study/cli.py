@@ -73,6 +73,9 @@ def _cmd_eval(args) -> None:
     cfg = load_config(args.config, [*overrides, *(f"eval.{k}={v}" for k, v in asked.items() if v is not None)])
     seed_everything(cfg.seed, cfg.threads)
     model, tokenizer = load_policy(cfg, path=args.checkpoint)
+    from gspo_study.train.sizes import check_eval
+
+    check_eval(cfg, model)  # --num-prompts / --samples against what this machine can hold and do
     result = evaluate(
         model,
         tokenizer,

@@ -326,17 +326,72 @@ class _DuplicateKey(yaml.YAMLError):
     pass
 
 
+class _TooLarge(yaml.YAMLError):
+    pass
+
+
+# A config is small (the largest shipped one holds ~100 values): more than this many, aliases expanded, is refused
+# before anything is built from it — a file of nested aliases (9 × 9 × …) once expanded for hours, and OmegaConf
+# merges ~2,000 values a second.
+MAX_YAML_VALUES = 1_000
+
+
+def yaml_values(node, limit: float, memo: dict | None = None, path: tuple = ()) -> int:
+    """How many values (scalars, sequences, mappings, keys) the YAML `node` holds with every alias expanded, counted
+    without expanding (each node once); `_TooLarge` past `limit` or for an alias inside itself."""
+    memo = {} if memo is None else memo
+    if id(node) in memo:
+        return memo[id(node)]
+    if id(node) in path:
+        raise _TooLarge("an alias refers to a node that holds it (a recursive structure)")
+    inner = (*path, id(node))
+    if isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(yaml_values(child, limit, memo, inner) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        n = 1 + sum(yaml_values(k, limit, memo, inner) + yaml_values(v, limit, memo, inner) for k, v in node.value)
+    else:
+        n = 1
+    if n > limit:
+        raise _TooLarge(f"its YAML holds more than {limit:,} values, aliases expanded; allowed: at most {limit:,}")
+    memo[id(node)] = n
+    return n
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last) and a
+    document of more than `limit` values, aliases expanded, is refused before it is built (`yaml_values`)."""
+
+    limit: float = MAX_YAML_VALUES
+
+    def get_single_data(self):
+        node = self.get_single_node()
+        if node is None:
+            return None
+        yaml_values(node, self.limit)
+        return self.construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged by PyYAML, keys given here win
+                continue
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise _DuplicateKey(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
             seen.add(key) if isinstance(key, (str, int, float, bool)) else None
         return super().construct_mapping(node, deep)
+
+
+def read_yaml_file(path: Path, limit: int) -> Any:
+    """A YAML file that is not a config (experiments/figures.yaml): parsed like one (safe, no duplicate keys), at
+    most `limit` values with its aliases expanded; a one-line ConfigError naming the file otherwise."""
+    loader = type("_Bounded", (_StrictLoader,), {"limit": limit})
+    try:
+        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)
+    except (_DuplicateKey, _TooLarge) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
 
 
 def _no_dotted_keys(data: dict, path: Path, prefix: str = "") -> None:
@@ -370,6 +425,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
         raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
     except _DuplicateKey as dup:
         raise ConfigError(f"{path}: {dup}; each key may appear once per mapping") from None
+    except _TooLarge as big:
+        raise ConfigError(f"{path}: {big}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -405,6 +462,22 @@ def _check_sections(data: Any, where: str) -> None:
             )
 
 
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _check_keys(data: Any, where: str, schema: Any = None, prefix: str = "") -> None:
+    """Every key of a layer is a field of `Config` (a dataclass field's keys, recursively; a dict field takes any)."""
+    hints = _hints(Config if schema is None else schema)
+    for key, value in data.items() if isinstance(data, (dict, DictConfig)) else ():
+        dotted = f"{prefix}{key}"
+        if key not in hints:
+            raise ConfigError(f"{where}: unknown config key '{dotted}'{_closest(dotted)}")
+        if is_dataclass(hints[key]) and isinstance(value, (dict, DictConfig)):
+            _check_keys(value, where, hints[key], dotted + ".")
+
+
 def _merge_layers(layers: list[tuple[str, Any]]) -> DictConfig:
     """The defaults with every (where, data) layer merged over them in order. One OmegaConf merge for them all
     (one copy of the defaults, not one per layer: a config loads ~3x faster); when that merge fails, the layers
@@ -412,6 +485,7 @@ def _merge_layers(layers: list[tuple[str, Any]]) -> DictConfig:
     try:
         for where, data in layers:
             _check_sections(data, where)
+            _check_keys(data, where)  # before any merge: an unknown key is named at once, whatever the rest holds
         return OmegaConf.merge(_defaults(), *(data for _, data in layers))
     except (ConfigError, OmegaConfBaseException):
         pass

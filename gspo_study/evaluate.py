@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from gspo_study import stopping
 from gspo_study.rollout.hf import HFEngine
 
 
@@ -35,6 +36,7 @@ def _rewards(engine, task, problems, samples, max_new_tokens, batch_size, genera
     rows = [p for p in problems for _ in range(samples)]
     out = []
     for start in range(0, len(rows), batch_size):
+        stopping.stop_point()  # between batches: a job asked to stop need not wait for the whole evaluation
         chunk = rows[start : start + batch_size]
         batch = engine.generate([p.prompt for p in chunk], max_new_tokens, temperature, generator, greedy=greedy)
         out.append(score(task, chunk, batch)[0])

@@ -25,14 +25,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-import yaml
-
 from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this module's interface)
     Config,
     ConfigError,
     coldstart_name,
     coldstart_overrides,
     load_config,
+    read_yaml_file,
 )
 from gspo_study.errors import SweepInterrupted, Terminated
 from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this module's interface)
@@ -40,8 +39,11 @@ from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this
 DEFAULT_SEEDS = {"smoke": [1], "cpu": [1, 2, 3], "gpu": [1, 2, 3], "paper": [1]}
 
 
+MAX_FIGURES_VALUES = 10_000  # figures.yaml holds ~400 (its `&bf16_sweep` alias expanded): aliases stay bounded
+
+
 def figures(experiments: Path = EXPERIMENTS) -> dict[str, dict]:
-    return yaml.safe_load((experiments / "figures.yaml").read_text())
+    return read_yaml_file(experiments / "figures.yaml", MAX_FIGURES_VALUES)
 
 
 def figure_spec(figure: str | int, experiments: Path = EXPERIMENTS) -> dict:
@@ -96,7 +98,13 @@ def sweep_cells(spec: dict, scale: str) -> list[tuple[str, ...]]:
 
 
 def figure_configs(figure, scale: str, seeds: list[int], overrides: tuple[str, ...] = ()) -> list[tuple[str, Config]]:
-    """(run name, config) for every sweep cell × run × seed of a figure (cell-major, then run, then seed)."""
+    """(run name, config) for every sweep cell × run × seed of a figure (cell-major, then run, then seed); a figure
+    of more runs than a sweep may plan is refused first (`sizes.check_runs`)."""
+    from gspo_study.train.sizes import check_runs
+
+    spec = figure_spec(figure)
+    per_seed = len(sweep_cells(spec, scale)) * len(spec["runs"])
+    check_runs(f"figure {figure}", per_seed * len(seeds), per_seed)
     return [
         (run, run_config(scale, run, seed, (*cell, *overrides))) for cell, run, seed in _items(figure, scale, seeds)
     ]

@@ -23,7 +23,6 @@ import math
 import os
 import random
 import signal
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -34,6 +33,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gspo_study import stopping
 from gspo_study.config import Config, ConfigError, objective_hparams
 from gspo_study.errors import NonFiniteError, Terminated
 from gspo_study.evaluate import evaluate, score
@@ -63,6 +63,7 @@ from gspo_study.train.dist import gather
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.lag import SNAPSHOTS, PolicyLag
 from gspo_study.train.memory import check_positions, check_step_fits, longest_prompt
+from gspo_study.train.sizes import check_run
 
 
 def derive_seed(seed: int, step: int, purpose: str) -> int:
@@ -156,6 +157,7 @@ def policy_pass(
     lps, traces = [], []
     moe = has_moe(model)
     for rows in chunks(len(batch), ctx.cfg.train.micro_batch_size):
+        stopping.stop_point()  # between micro-batches: a stop asked now need not wait for the pass to end
         if replay is None:
             with record_routing(model) if moe else nullcontext() as trace:
                 lp, _ = token_logprobs(
@@ -445,7 +447,7 @@ def compute_metrics(ctx: Context, batch: RolloutBatch, seconds: float) -> dict[s
 
 class Stopwatch:
     """Wall seconds of a step's phases; `training_seconds` sums the spans that are training compute, so telemetry
-    is left out of `compute/seconds` by construction."""
+    is left out of `compute/seconds` by construction. A span is also the phase a stop names (`stopping.phase`)."""
 
     def __init__(self):
         self.spans: dict[str, float] = {}
@@ -455,7 +457,8 @@ class Stopwatch:
     def span(self, name: str, training: bool = True):
         start = time.time()
         try:
-            yield
+            with stopping.phase(name):
+                yield
         finally:
             self.spans[name] = self.spans.get(name, 0.0) + time.time() - start
             if not training:
@@ -497,6 +500,7 @@ def rl_step(
     return metrics
 
 
+@stopping.phase("evaluation")
 def eval_metrics(ctx: Context) -> dict[str, float]:
     cfg = ctx.cfg
     res = evaluate(
@@ -538,6 +542,7 @@ def build_context(
     resume), the rollout engine and the objective."""
     cfg, state = run.cfg, RunState() if state is None else state
     task = get_task(cfg.task)
+    check_run(cfg, model)  # train.steps and eval.* against this machine, before any problem is built
     task.eval_problems(cfg.eval.num_prompts)  # a task with fewer held-out problems fails here, not at step 0
     prompt_tokens = longest_prompt(task, tokenizer, cfg.eval.num_prompts)
     check_positions(cfg, model, prompt_tokens)  # prompt + response within the model's positions
@@ -596,35 +601,9 @@ def _fault_injection(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-SIGTERM_GRACE_S = 2.0  # a second SIGTERM within this many seconds of the first is the same notice
-
-
-@contextmanager
-def stop_on_sigterm():
-    """While inside, SIGTERM asks the loop to stop at its next safe point (the end of the current step); a second
-    SIGTERM stops at once. Yields a function telling whether a stop was asked. Outside the main thread: never."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    asked: list[float] = []
-
-    def handler(signum, frame):
-        # a second notice stops at once; one within GRACE_S of the first is the same notice arriving twice (a
-        # scheduler signalling the process group while the sweep forwards it to its workers)
-        if asked and time.time() - asked[0] > SIGTERM_GRACE_S:
-            raise Terminated("a second SIGTERM: stopped at once; the run resumes from its last checkpoint")
-        asked.append(time.time())
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield lambda: bool(asked)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _stop_asked(ctx: Context, asked) -> bool:
+def _stop_asked(ctx: Context) -> bool:
     """Whether any rank got SIGTERM (every rank must stop at the same step: the checkpoint is collective)."""
-    mine = asked()
+    mine = stopping.asked()
     return any(gather(mine, ctx.world)) if ctx.world > 1 else mine
 
 
@@ -634,11 +613,11 @@ def _due(step: int, every: int, last: int) -> bool:
 
 def train(cfg: Config) -> dict[str, float]:
     """Run (or resume, or skip if finished) the run this config describes; returns the last metrics. One
-    process at a time per run (`run_lock`)."""
+    process at a time per run (`run_lock`); SIGTERM stops it early, resumable (`gspo_study.stopping`)."""
     run = resolve_run(cfg)
-    with run_lock(run), stop_on_sigterm() as asked:
+    with run_lock(run), stopping.on_sigterm() as job:
         ctx = open_run(run)
-        return {} if ctx is None else loop(ctx, asked)
+        return {} if ctx is None else loop(ctx, job)
 
 
 def open_run(run: RunSetup) -> Context | None:
@@ -659,45 +638,14 @@ def open_run(run: RunSetup) -> Context | None:
     return ctx
 
 
-def loop(ctx: Context, asked=lambda: False) -> dict[str, float]:
+def loop(ctx: Context, job: stopping.Job | None = None) -> dict[str, float]:
     """The run's steps from the one after its checkpoint to `train.steps`: each logged, checkpointed when due, and
-    stopped at the next safe point when `asked` says a SIGTERM came."""
-    cfg, run, tracker = ctx.cfg, ctx.run, ctx.tracker
+    stopped early when `job` (`stopping.on_sigterm`) is asked to stop; the MLflow run ends FINISHED, KILLED (a stop,
+    SIGINT) or FAILED."""
+    run, tracker = ctx.run, ctx.tracker
     metrics: dict[str, float] = {}
     try:
-        if ctx.state.step == 0:
-            tracker.log_step(0, eval_metrics(ctx))
-            _fault_injection(0)
-        bar = tqdm(
-            range(ctx.state.step + 1, cfg.train.steps + 1),
-            desc=run.dir.name,
-            dynamic_ncols=True,
-            initial=ctx.state.step,
-            total=cfg.train.steps,
-        )
-        for step in bar:
-            metrics = rl_step(ctx, step)
-            if _due(step, cfg.eval.every, cfg.train.steps):
-                metrics.update(eval_metrics(ctx))
-            tracker.log_step(step, metrics)
-            ctx.state.step = step
-            if _due(step, cfg.tracking.log_samples_every, cfg.train.steps):
-                tracker.log_text("\n".join(ctx.samples_text), f"samples/step_{step:05d}.txt")
-            saved = _due(step, cfg.train.checkpoint_every, cfg.train.steps)
-            if saved:
-                save_run_checkpoint(ctx)
-            _fault_injection(step)
-            if step < cfg.train.steps and _stop_asked(ctx, asked):  # a safe point: the step is logged
-                if not saved:
-                    save_run_checkpoint(ctx)
-                raise Terminated(
-                    f"SIGTERM: {run.dir.name} stopped after step {step} of {cfg.train.steps}, checkpointed, "
-                    "marked KILLED; rerun the same command to resume"
-                )
-            bar.set_postfix(
-                reward=f"{metrics['rollout/reward/mean']:.3f}",
-                clip=f"{metrics['policy/clip_frac/token']:.4f}",
-            )
+        metrics = _steps(ctx, job or stopping.Job(grace=math.inf))
     except BaseException as exc:
         tracker.set_status("KILLED" if isinstance(exc, (KeyboardInterrupt, Terminated)) else "FAILED")
         raise
@@ -710,3 +658,96 @@ def loop(ctx: Context, asked=lambda: False) -> dict[str, float]:
             f"MLflow run {tracker.run_id} in {run.store}"
         )
     return metrics
+
+
+# Phases that leave the weights (and the optimizer) as the last finished step left them.
+BEFORE_UPDATES = ("rollout", "old_policy", "route_baseline")
+
+
+@dataclass
+class Progress:
+    """Where the loop is, for a stop: the step in progress (0: the start's evaluation), the checkpoint on disk."""
+
+    step: int
+    saved: int
+
+
+def _steps(ctx: Context, job: stopping.Job) -> dict[str, float]:
+    cfg, run, tracker = ctx.cfg, ctx.run, ctx.tracker
+    at = Progress(step=0, saved=ctx.state.step)  # the checkpoint resumed (or the start: nothing to lose)
+    # A stop point stops at once where that loses no finished step: anywhere in the step after the checkpointed
+    # one, or before the updates (the last step is then checkpointed first); elsewhere the step ends first.
+    job.free = lambda: at.saved == ctx.state.step or (ctx.lag is None and stopping.current_phase() in BEFORE_UPDATES)
+    job.agree = (lambda mine: any(gather(mine, ctx.world))) if ctx.world > 1 else (lambda mine: mine)
+    metrics: dict[str, float] = {}
+    try:
+        if ctx.state.step == 0:
+            metrics = eval_metrics(ctx)
+            with stopping.uncut():
+                tracker.log_step(0, metrics)
+            _fault_injection(0)
+        bar = tqdm(
+            range(ctx.state.step + 1, cfg.train.steps + 1),
+            desc=run.dir.name,
+            dynamic_ncols=True,
+            initial=ctx.state.step,
+            total=cfg.train.steps,
+        )
+        for step in bar:
+            at.step = step
+            metrics = rl_step(ctx, step)
+            if _due(step, cfg.eval.every, cfg.train.steps):
+                metrics.update(eval_metrics(ctx))
+            with stopping.uncut():  # the grace never cuts a step's record or its checkpoint
+                tracker.log_step(step, metrics)
+                ctx.state.step = step
+                if _due(step, cfg.tracking.log_samples_every, cfg.train.steps):
+                    tracker.log_text("\n".join(ctx.samples_text), f"samples/step_{step:05d}.txt")
+                if _due(step, cfg.train.checkpoint_every, cfg.train.steps):
+                    save_run_checkpoint(ctx)
+                    at.saved = step
+            _fault_injection(step)
+            if step < cfg.train.steps and _stop_asked(ctx):  # a safe point: the step is logged
+                stopping.settle()
+                if at.saved != step:
+                    save_run_checkpoint(ctx)
+                raise Terminated(
+                    f"SIGTERM: {run.dir.name} stopped after step {step} of {cfg.train.steps}, checkpointed, "
+                    "marked KILLED; rerun the same command to resume"
+                )
+            bar.set_postfix(
+                reward=f"{metrics['rollout/reward/mean']:.3f}",
+                clip=f"{metrics['policy/clip_frac/token']:.4f}",
+            )
+    except stopping.Stop as stop:
+        raise _stopped_inside(ctx, stop, at) from None
+    return metrics
+
+
+def _stopped_inside(ctx: Context, stop: stopping.Stop, at: Progress) -> Terminated:
+    """A stop inside a step (or the start's evaluation). Before the step's updates, or once the step is logged, the
+    weights are the last finished step's: they are checkpointed, unless the grace ran out on one rank of several
+    (a checkpoint is collective). Otherwise the checkpoint on disk stands and the rerun redoes the steps since,
+    logging each once."""
+    done = ctx.state.step
+    logged = at.step == done  # the step in progress is logged (or none began): its weights are finished ones
+    before = stop.phase in BEFORE_UPDATES and ctx.lag is None  # a stale policy has moved on at the rollout
+    if at.saved < done and (logged or before) and (not stop.late or ctx.world == 1):
+        save_run_checkpoint(ctx)
+        at.saved = done
+    if not stop.phase:
+        where = f"the end of step {done}" if logged and done else "its setup"
+    else:
+        where = f"step {at.step}'s {stop.phase}" if at.step else f"the start's {stop.phase}"
+    how = f"the {stop.grace:g} s grace ran out" if stop.late else "at a stop point"
+    if done == 0:
+        kept = "no step finished yet"
+    elif at.saved == done:
+        kept = f"checkpointed at step {done}"
+    else:
+        redo = f"the rerun redoes steps {at.saved + 1}-{done}, logging each once"
+        kept = f"its checkpoint of step {at.saved} stands ({redo})"
+    return Terminated(
+        f"SIGTERM: {ctx.run.dir.name} stopped inside {where} ({how}), {kept}, marked KILLED; rerun the same "
+        "command to resume"
+    )

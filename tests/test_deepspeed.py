@@ -1,7 +1,8 @@
 """The deepspeed backend with 2 real ranks on CPU (gloo, DS_ACCELERATOR=cpu) gives the single-process
 backend's losses and parameter updates, for ZeRO-2 and ZeRO-3, GSPO and GRPO with routing replay, with
-rollouts generated whole on every rank or sharded across ranks; it skips non-finite updates; and a killed
-run resumes from its ZeRO checkpoint (weights and Adam state) to the numbers of an uninterrupted run."""
+rollouts generated whole on every rank or sharded across ranks; it skips non-finite updates; and a run stopped by
+SIGTERM inside a step stops on every rank at once and resumes from its ZeRO checkpoint (weights and Adam state) to
+the numbers of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlflow import MlflowClient
 from safetensors.torch import load_file
 
 from gspo_study.config import load_config
@@ -144,22 +146,32 @@ def test_two_ranks_match_single_process(smoke_cfg, launch, case):
     assert upd1.norm() > 0  # the comparison is of real updates
 
 
-def test_resume_from_zero_checkpoint_gives_uninterrupted_numbers(smoke_cfg, launch, tmp_path):
-    """Killed (SIGKILL) right after its step-2 checkpoint, a 2-rank ZeRO-2 run resumes from the ZeRO state and
-    logs at step 3 what a run that was never interrupted logs (the module launch's); only the newest ZeRO tag is
-    kept."""
+def test_sigterm_stops_every_rank_at_one_point_and_resumes_from_zero_checkpoint(smoke_cfg, launch, tmp_path):
+    """SIGTERM (to rank 0 and to torchrun, which forwards it: a scheduler's notice) inside step 2's π_old pass of a
+    2-rank ZeRO-2 run: every rank stops at the same stop point (the stop is all-gathered) within the grace, the
+    weights of step 1 are checkpointed by both ranks together (ZeRO state and whole weights), the run is KILLED;
+    the rerun resumes from that ZeRO state (weights and Adam state) and logs at steps 2-3 what a run that was never
+    interrupted logs (the module launch's); only the newest ZeRO tag is kept."""
     runs, done = launch
     assert done.returncode == 0, done.stderr[-3000:]
     whole = load_config("experiments/smoke/base.yaml", runs["resume-whole"])
     killed = smoke_cfg(*RESUME, f"results_dir={tmp_path / 'killed'}", "tracking.experiment=killed")  # own dir
-    over = [*_store(killed), *RESUME, "tracking.experiment=killed"]
-    done = _torchrun(over, env={**ENV, "GSPO_STUDY_KILL_AT_STEP": "2"}, check=False)
-    assert done.returncode != 0 and history(killed)["rollout/reward/mean"].keys() == {1, 2}
+    over = [*_store(killed), *RESUME, "tracking.experiment=killed", "train.checkpoint_every=2"]
+    done = _torchrun(over, env={**ENV, "GSPO_STUDY_SIGTERM_IN": "old_policy@2"}, check=False)
+    stops = [line for line in done.stderr.splitlines() if line.startswith("stopped:")]
+    assert len(stops) == 2 and all(
+        "inside step 2's old_policy (at a stop point), checkpointed at step 1, marked KILLED" in s for s in stops
+    ), done.stderr[-3000:]
+    assert "Unable to shutdown process" not in done.stderr  # no rank needed torchrun's SIGKILL
+    client = MlflowClient(killed.tracking.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+    assert run.info.status == "KILLED" and history(killed)["rollout/reward/mean"].keys() == {1}
     _torchrun(over)
     h1, h2 = history(whole), history(killed)
     for key in ("policy/loss", "policy/ratio/token_var", "train/grad_norm", "rollout/reward/mean"):
         assert h2[key].keys() == {1, 2, 3}, key
-        assert h2[key][3] == pytest.approx(h1[key][3], rel=1e-6, abs=1e-9), key
+        for step in (2, 3):
+            assert h2[key][step] == pytest.approx(h1[key][step], rel=1e-6, abs=1e-9), (key, step)
     assert [p.name for p in (resolve_run(killed).dir / "zero").iterdir() if p.is_dir()] == ["step00000003"]
     w1, w2 = _weights(whole), _weights(killed)
     assert all(torch.equal(w1[k], w2[k]) for k in w1)

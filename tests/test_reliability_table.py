@@ -74,7 +74,30 @@ def _files(root: Path, init: Path) -> dict[str, str]:
         "STORE_DIR": str(store_dir),
         "LONG": "x" * 300,
         "INIT": str(init),
+        "ALIAS_YAML": write("aliases.yaml", _alias_bomb(8)),
+        "MANY_SEEDS": ",".join(map(str, range(5_001))),  # figure 1 has 2 runs per seed: 10,002 runs
     }
+
+
+def _alias_bomb(levels: int) -> str:
+    """Ten lines of YAML whose aliases expand to 9^(levels+1) values (levels=8: 387 million)."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def _big_archive(root: Path) -> str:
+    """A study archive of 10,001 (empty) runs: more than an import may load."""
+    from gspo_study.archive import write_archive
+
+    row = {"experiment": "e", "run_name": "r", "status": "FINISHED", "start_time": 0, "end_time": 0}
+    rows = [
+        {**row, "run_id": f"{i:032x}", "params": [], "tags": [("run_key", str(i))], "metrics": []}
+        for i in range(10_001)
+    ]
+    path = root / "big.parquet"
+    write_archive(rows, path)
+    return str(path)
 
 
 MATH = ["task.name=math_file", "task.path=DATA", "task.num_eval=3"]
@@ -142,6 +165,24 @@ TABLE = [
     ("sft", [SMOKE, "sft.batch_size=100000000"], "an SFT step needs"),
     ("train", [SMOKE, "rollout.max_new_tokens=252"], "with the task's longest prompt (5 tokens) a sequence needs 257"),
 ]
+# issue 49: every size a run or command takes, against what the machine can hold and do (gspo_study.train.sizes),
+# and a config file of nested aliases; each answers within seconds (before: minutes to hours).
+HUGE = "1000000000000000"
+SIZES = [
+    ("train", [SMOKE, f"eval.num_prompts={HUGE}"], f"{HUGE} for 'eval.num_prompts'; allowed: an integer in [1, "),
+    ("train", [SMOKE, f"eval.samples={HUGE}"], f"bad value {HUGE} for 'eval.samples'; allowed: an integer in [1, "),
+    ("train", [SMOKE, f"train.steps={HUGE}"], f"bad value {HUGE} for 'train.steps'; allowed: an integer in [0, "),
+    ("train", [SMOKE, "eval.num_prompts=200"], "has only 81 distinct problems, so fewer than 200 held-out problems"),
+    ("sft", [SMOKE, f"sft.steps={HUGE}"], f"bad value {HUGE} for 'sft.steps'; allowed: an integer in [0, "),
+    ("eval", ["--checkpoint", "INIT", "--num-prompts", HUGE], f"bad value {HUGE} for 'eval.num_prompts'; allowed"),
+    ("eval", ["--checkpoint", "INIT", "--samples", HUGE], f"bad value {HUGE} for 'eval.samples'; allowed"),
+    ("sweep", [*"--figure 1 --scale smoke --seeds".split(), "MANY_SEEDS"],
+     "10,002 runs (2 per seed); allowed: at most 5,000 "),
+    ("export-study", [*"--scale smoke --figures 1 --seeds".split(), "MANY_SEEDS"], "allowed: at most 5,000 seeds"),
+    ("import-study", ["--scale", "smoke", "--file", "BIG_ARCHIVE"], "holds 10,001 runs and 0.0 GiB of data"),
+    ("train", ["ALIAS_YAML"], "aliases.yaml: its YAML holds more than 1,000 values, aliases expanded; allowed"),
+]
+TABLE += SIZES
 # fmt: on
 
 
@@ -177,21 +218,26 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
             arg = arg.replace(name, subs[name])
         return arg
 
+    if "BIG_ARCHIVE" in argv:
+        subs["BIG_ARCHIVE"] = _big_archive(tmp_path)
     args = [fill(a) for a in argv]
     defaults = [f"results_dir={res}", f"init_checkpoint={init}"]
-    if command == "train" and not any(a.startswith("tracking.uri=") for a in args):
+    if command in ("train", "sweep") and not any(a.startswith("tracking.uri=") for a in args):
         defaults.append(f"tracking.uri={shared_store}")
+    configs = command in ("train", "sft")  # their files and overrides come first; the others' options first
     readonly = Path(subs["READONLY"])
     _immutable(readonly, True)
     try:
         start = time.perf_counter()
-        rc = main([command, *args[:1], *defaults, *args[1:]])
+        rc = main([command, *args[:1], *defaults, *args[1:]] if configs else [command, *args, *defaults])
         seconds = time.perf_counter() - start
     finally:
         _immutable(readonly, False)
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error:") and fragment in err and "\n" not in err, err
     assert seconds < 60, f"{seconds:.0f} s to say so"  # no retry storm (a directory as store took 322 s)
+    if (command, argv, fragment) in SIZES:  # measured: 0.01-0.15 s each (the alias file: 0.004 s)
+        assert seconds < 5, f"{seconds:.1f} s to say so"
     assert not list(res.rglob("*.safetensors")) and not (res / "smoke" / "runs").exists()
     assert not any(readonly.iterdir())
     assert fingerprint(init) == before and not list(init.parent.glob(".*tmp-*"))  # the cold start intact

@@ -4,18 +4,21 @@ the rerun resumes and finishes with every step logged once and the numbers of an
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import torch
 from mlflow import MlflowClient
 
+from gspo_study import stopping
 from gspo_study.config import load_config
 from gspo_study.trainer import train
 from tests.test_reliability_table import _each_step_once, _same_history, _store_runs
-from tests.test_trainer import history
+from tests.test_trainer import history, weights
 
 SMOKE = "experiments/smoke/base.yaml"
 ENV = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
@@ -116,3 +119,118 @@ def test_sigterm_to_a_parallel_sweep_stops_its_workers(smoke_results, tmp_path):
     _, runs = _store_runs(f"sqlite:///{tmp_path}/m.db", "study-smoke")
     assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
     _each_step_once(f"sqlite:///{tmp_path}/m.db", "study-smoke")
+
+
+# ------------------------------------------------------------------------------------------ inside long phases
+def _stop_in(monkeypatch, capsys, argv: list[str], at: str, grace: float | None, then: int | None = None):
+    """`main(argv)` in this process with the SIGTERM a scheduler sends arriving on entry into a phase (`at`:
+    <phase>@<n>, `stopping.INJECT_ENV`), and optionally a second signal `then` right after it: (exit status,
+    seconds from the SIGTERM to the return, the last stderr line)."""
+    from gspo_study.cli import main
+
+    sent: list[float] = []
+    inject = stopping._inject
+
+    def timed(name: str, count: int) -> None:  # the real injection, timed (and followed by `then`)
+        if f"{name}@{count}" == at:
+            sent.append(time.monotonic())
+        inject(name, count)
+        if sent and then is not None and len(sent) == 1:
+            sent.append(sent[0])
+            os.kill(os.getpid(), then)
+
+    monkeypatch.setattr(stopping, "_inject", timed)
+    monkeypatch.setenv(stopping.INJECT_ENV, at)
+    monkeypatch.setenv(stopping.GRACE_ENV, str(grace or stopping.DEFAULT_GRACE_S))
+    capsys.readouterr()
+    rc = main(argv)
+    took = time.monotonic() - sent[0] if sent else float("nan")
+    monkeypatch.delenv(stopping.INJECT_ENV)
+    err = [line for line in capsys.readouterr().err.splitlines() if line and "Warning" not in line]
+    return rc, took, err[-1] if err else ""
+
+
+# (SIGTERM on entry into, grace, what follows it, exit status, the stop's line); each resumes the one before.
+# train.steps=5, evaluations at 0, 2, 4, 5, checkpoints at 3 and 5, 4 micro-batches per no-grad pass.
+PHASES = [
+    ("evaluation@1", None, None, 143, "inside the start's evaluation (at a stop point), no step finished yet"),
+    ("rollout@2", 0.05, None, 143, "inside step 2's rollout (the 0.05 s grace ran out), checkpointed at step 1"),
+    ("update@2", 0.05, None, 143, "inside step 3's update (the 0.05 s grace ran out), its checkpoint of step 1 "
+     "stands (the rerun redoes steps 2-2, logging each once)"),
+    ("evaluation@1", None, None, 143, "inside step 2's evaluation (at a stop point), checkpointed at step 1"),
+    ("telemetry@2", None, None, 143, "stopped after step 3 of 5, checkpointed"),  # step 3 ends first: no loss
+    ("old_policy@1", None, signal.SIGTERM, 143, "a second SIGTERM: stopped at once"),
+    ("route_baseline@1", None, signal.SIGINT, 130, "interrupted"),
+]  # fmt: skip
+
+
+def test_sigterm_inside_each_long_phase_stops_within_the_grace_and_resumes(
+    smoke_results, tmp_path, monkeypatch, capsys
+):
+    """A SIGTERM inside a long evaluation (between batches), a long rollout (one generate call: the grace), an update
+    and the π_old and telemetry passes: exit 143 within the grace, the run KILLED, checkpointed where that is
+    consistent; a second SIGTERM or SIGINT stops at once. Rerun after each, the run ends with every step logged
+    once and the numbers of an uninterrupted run."""
+    init = smoke_results / "smoke/checkpoints/coldstart"
+    args = ["train.steps=5", "train.checkpoint_every=3", "eval.every=2", "eval.batch_size=1"]
+    args += ["train.micro_batch_size=4", f"init_checkpoint={init}"]
+    ref = load_config(SMOKE, [f"results_dir={tmp_path / 'ref'}", f"tracking.uri=sqlite:///{tmp_path}/ref.db", *args])
+    train(ref)
+    over = [f"results_dir={tmp_path / 't'}", f"tracking.uri=sqlite:///{tmp_path}/t.db", *args]
+    monkeypatch.setattr(stopping, "SAME_NOTICE_S", 0.0)  # the second signal comes at once
+    for at, grace, then, code, fragment in PHASES:
+        rc, took, line = _stop_in(monkeypatch, capsys, ["train", SMOKE, *over], at, grace, then)
+        assert rc == code and fragment in line and ("marked KILLED" in line or then), (at, rc, line)
+        assert took < (grace or stopping.DEFAULT_GRACE_S) + 5, f"{at}: {took:.1f} s from SIGTERM to exit"
+        client, (run,) = _store_runs(f"sqlite:///{tmp_path}/t.db", "study-smoke")
+        assert run.info.status == "KILLED", at
+    cfg = load_config(SMOKE, over)
+    train(cfg)
+    assert MlflowClient(cfg.tracking.uri).get_run(run.info.run_id).info.status == "FINISHED"
+    _same_history(history(ref), history(cfg))
+    _each_step_once(cfg.tracking.uri, "study-smoke")
+
+
+# (SIGTERM on entry into, grace, the stop's line): train 30 steps checking pass@1 every 10; each resumes the last.
+SFT_STOPS = [
+    ("SFT step@12", None, "inside its SFT (at a stop point) at step 12 of 30, its state after step 12 saved"),
+    ("SFT check@1", None, "inside its SFT check (at a stop point) at step 20 of 30, its state after step 20 saved"),
+    ("SFT step@3", 0.001, "inside its SFT step (the 0.001 s grace ran out) at step 22 of 30, the state saved before"),
+]
+
+
+def test_sigterm_stops_an_sft_and_the_rerun_resumes_it(tmp_path, monkeypatch, capsys):
+    """A cold-start SFT stopped between steps, inside its pass@1 check and (by the grace) inside a step: exit 143,
+    its state saved where consistent; the rerun resumes it (it used to start again from step 1) to the weights and
+    log of an SFT never stopped."""
+    from gspo_study.sft import partial_path, run_sft
+
+    args = ["sft.steps=30", "sft.target_pass1=0.999", "sft.check_every=10"]
+    run_sft(load_config(SMOKE, [f"results_dir={tmp_path / 'ref'}", *args]))
+    over = [f"results_dir={tmp_path / 's'}", *args]
+    out = tmp_path / "s/smoke/checkpoints/coldstart"
+    for at, grace, fragment in SFT_STOPS:
+        rc, took, line = _stop_in(monkeypatch, capsys, ["sft", SMOKE, *over], at, grace)
+        assert rc == 143 and fragment in line, (at, rc, line)
+        assert took < (grace or stopping.DEFAULT_GRACE_S) + 5, f"{at}: {took:.1f} s from SIGTERM to exit"
+        assert partial_path(out).is_dir() and not out.exists()
+    run_sft(load_config(SMOKE, over))
+    a, b = tmp_path / "ref/smoke/checkpoints/coldstart", out
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    logs = [json.loads((p / "sft_log.json").read_text())["log"] for p in (a, b)]
+    assert [{k: e[k] for k in e if k != "seconds"} for e in logs[0]] == [
+        {k: e[k] for k in e if k != "seconds"} for e in logs[1]
+    ]
+    assert sum("pass@1" in e for e in logs[1]) == 3  # every check made once
+    assert sorted(p.name for p in out.parent.iterdir()) == ["coldstart"]  # the stopped state is gone
+
+
+def test_a_bad_grace_is_one_line(tmp_path, monkeypatch, capsys):
+    from gspo_study.cli import main
+
+    monkeypatch.setenv(stopping.GRACE_ENV, "soon")
+    assert main(["train", SMOKE, f"results_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: bad value 'soon' for GSPO_STUDY_STOP_GRACE_S; allowed: a number of seconds > 0", err
+    assert not (tmp_path / "m.db").exists()

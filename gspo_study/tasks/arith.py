@@ -62,7 +62,14 @@ class ArithTask:
         return out
 
     def eval_problems(self, n: int) -> list[Problem]:
+        space = (9 * 10 ** (self.digits - 1)) ** self.num_terms  # distinct problems
+        if n > space:  # at once: the draws below would run 800·n times before saying so
+            raise ConfigError(
+                f"arith with {self.num_terms} terms of {self.digits} digits has only {space} distinct problems, so "
+                f"fewer than {n} held-out problems; lower eval.num_prompts or raise task.digits"
+            )
         rng, seen, out = random.Random(EVAL_SEED), set(), []
+        drawn: set | None = set() if space <= 100_000 else None  # a small space is used up long before 800·n draws
         for _ in range(EVAL_SHARE * 50 * n + 10_000):
             if len(out) == n:
                 return out
@@ -70,6 +77,10 @@ class ArithTask:
             if self._held_out(terms) and terms not in seen:
                 seen.add(terms)
                 out.append(self._problem(terms))
+            if drawn is not None:
+                drawn.add(terms)
+                if len(drawn) == space:  # every problem drawn: no held-out one is left to find
+                    break
         if len(out) < n:
             raise ConfigError(
                 f"arith with {self.num_terms} terms of {self.digits} digits has only about "
