@@ -45,11 +45,20 @@ class Rule:
     persist: int  # steps a loss must last; 0: counts from the step it appears
     since: str  # the commit that brought it in
     what: str  # how it differs, in words
+    why: str = ""  # why it replaced the version before it
 
 
 RULES = {
     1: Rule(1, False, 0, "0e53b31", "one-step start, no persistence"),
-    2: Rule(2, True, PERSIST, "2e659c1", f"start = first {WINDOW}-step mean, a loss must last {PERSIST} steps"),
+    2: Rule(
+        2,
+        True,
+        PERSIST,
+        "2e659c1",
+        f"start = first {WINDOW}-step mean, a loss must last {PERSIST} steps",
+        "version 1 had flagged one seed near its runs' end in several arms at once: a shared end-of-run dip of one "
+        "seed's prompts, which a noisy plateau's last steps cannot be told from",
+    ),
 }
 VERSION = 2  # the version in force
 
