@@ -86,10 +86,10 @@ Verdict of a count, "k of n runs collapsed [exact 95 % interval]" (`collapse_ver
 interval of the rate): the row tests for a collapse rate of at least {COLLAPSE_RATE:.0%}. "not reproduced" if the
 interval's upper bound is below {COLLAPSE_RATE:.0%} (it excludes that rate), "reproduces" if at least
 {COLLAPSE_RATE:.0%} of the runs collapsed, else "underpowered" (fewer did, and the interval still reaches
-{COLLAPSE_RATE:.0%}: 0 of 4 allows a rate up to 60 %). Beside it: Fisher's exact one-sided test of the arm against
-GRPO + R2 ("reproduces" at p ≤ {ALPHA:.2g}; "underpowered" when not even n of n against 0 of n could reach it,
-else "inconclusive"), and the runs per arm at which that test has {POWER:.0%} power to see {COLLAPSE_RATE:.0%}
-against 0 %.
+{COLLAPSE_RATE:.0%}: 0 of 4 allows a rate up to {clopper_pearson(0, 4)[1]:.0%}). Beside it: Fisher's exact
+one-sided test of the arm against GRPO + R2 ("reproduces" at p ≤ {ALPHA:.2g}; "underpowered" when not even n of n
+against 0 of n could reach it, else "inconclusive"), and the runs per arm at which that test has {POWER:.0%} power
+to see {COLLAPSE_RATE:.0%} against 0 %.
 Multiplicity: a row that shows several comparisons says how many; only its primary one is judged, and none
 is corrected for multiplicity (at n = 3, one uncorrected interval in twenty excludes 0 by chance).
 Claim 5 is judged per optimizer update (`{VOL_UPDATE}`, the paper's unit), on figure 11's runs
