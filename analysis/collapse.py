@@ -8,10 +8,19 @@ A run **collapsed** at step s when either
   over its start (the mean of its first `WINDOW` steps), then lost at least `LOSS_SHARE` of that gain from its
   running peak at step s, and never climbed back above that line afterwards (peak − LOSS_SHARE · gain), for at
   least `PERSIST` steps — a crash that does not recover. A loss in a run's last `PERSIST` steps is censored: it
-  cannot be told from a noisy plateau's last dip (seen at seed 4 of figure 11, docs/LOG.md 2026-12-02).
+  cannot be told from a noisy plateau's last dip (seen at seed 4 of figure 11). That is version 2 of the rule.
 The collapse step is the earlier of the two. A noisy plateau, a dip that recovers and a run that never learned do
 not count. Pure functions over (step, value) arrays; `tests/test_collapse.py` builds curves that must and must not
-trip each rule.
+trip each rule, under each version.
+
+The rule has **versions** (`RULES`; `VERSION` is the one in force), kept as code so that what each flags in the
+archive can be shown side by side (REPORT row 13 does):
+- version 1, in force when REPORT row 13 was introduced (70f9977, rule from 0e53b31): the reward rule's start is
+  the smoothed reward's first value (a one-step start), and a loss counts from the step it appears (no
+  persistence);
+- version 2 (2e659c1, today's): the start is the first full window's mean and the loss must last `PERSIST` steps.
+  Revised *after* seeing the data it judges: version 1 flagged seed 4 of figure 11 near its last step in four
+  arms at once, a shared end-of-run dip of one seed's prompts.
 """
 
 from __future__ import annotations
@@ -25,6 +34,39 @@ WINDOW = 10  # steps of the trailing mean that smooths the training reward
 MIN_GAIN = 0.05  # the smoothed reward must first have gained this much for a loss of it to mean anything
 LOSS_SHARE = 0.5  # share of the gain lost from the running peak
 PERSIST = 25  # steps the loss must last (a dip in the last PERSIST steps is not a collapse)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One version of the reward rule (the pass@1 rule is the same in every version)."""
+
+    version: int
+    window_start: bool  # the start is the first full window's mean (else the smoothed reward's first value)
+    persist: int  # steps a loss must last; 0: counts from the step it appears
+    since: str  # the commit that brought it in
+    what: str  # how it differs, in words
+    why: str = ""  # why it replaced the version before it
+
+
+RULES = {
+    1: Rule(1, False, 0, "0e53b31", "one-step start, no persistence"),
+    2: Rule(
+        2,
+        True,
+        PERSIST,
+        "2e659c1",
+        f"start = first {WINDOW}-step mean, a loss must last {PERSIST} steps",
+        "version 1 had flagged one seed near its runs' end in several arms at once: a shared end-of-run dip of one "
+        "seed's prompts, which a noisy plateau's last steps cannot be told from",
+    ),
+}
+VERSION = 2  # the version in force
+
+
+def rule(version: int) -> Rule:
+    if version not in RULES:
+        raise ValueError(f"bad collapse rule version {version!r}; allowed: {', '.join(map(str, RULES))}")
+    return RULES[version]
 
 
 @dataclass(frozen=True)
@@ -64,15 +106,19 @@ def reward_collapse(
     window: int = WINDOW,
     min_gain: float = MIN_GAIN,
     loss_share: float = LOSS_SHARE,
-    persist: int = PERSIST,
+    persist: int | None = None,
+    version: int = VERSION,
 ) -> int | None:
     """The step at which the smoothed reward lost `loss_share` of its gain from its running peak without climbing
-    back above that line, or None."""
+    back above that line, or None; `version`'s start and persistence (`persist` overrides the latter)."""
+    r = rule(version)
+    persist = r.persist if persist is None else persist
     steps = np.asarray(steps)
     s = smooth(values, window)
     if len(s) == 0:
         return None
-    start = s[min(window, len(s)) - 1]  # the first full window's mean, not one step's reward
+    # version 2: the first full window's mean, not one step's reward
+    start = s[min(window, len(s)) - 1] if r.window_start else s[0]
     peak = np.maximum.accumulate(s)
     gain = peak - start
     line = peak - loss_share * gain
@@ -82,14 +128,17 @@ def reward_collapse(
     return None
 
 
-def collapse(reward_steps, reward, pass_steps, pass1) -> Collapse:
-    """Both rules on one run's curves; the earlier collapse step wins."""
+def collapse(reward_steps, reward, pass_steps, pass1, version: int = VERSION) -> Collapse:
+    """Both rules on one run's curves (the reward rule as of `version`); the earlier collapse step wins."""
     found = [
-        (s, rule)
-        for s, rule in ((pass_collapse(pass_steps, pass1), "pass@1"), (reward_collapse(reward_steps, reward), "reward"))
+        (s, which)
+        for s, which in (
+            (pass_collapse(pass_steps, pass1), "pass@1"),
+            (reward_collapse(reward_steps, reward, version=version), "reward"),
+        )
         if s is not None
     ]
     if not found:
         return Collapse(None, "")
-    step, rule = min(found)
-    return Collapse(step, rule)
+    step, which = min(found)
+    return Collapse(step, which)

@@ -24,19 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "FIGURES.md")
 BLOCK = re.compile(r"(<!-- BEGIN (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S)
 
-# Which report rows each figure's line quotes (figure 5 is a view with no claim of its own).
+# Which report rows each figure's line quotes (figure 5 is a view with no claim of its own; figure 4's line quotes
+# its own runs' volatility per step, while claim 5 is judged per update on figure 11's runs, so row 5 is there).
 FIGURE_CLAIMS = {
     1: (1, 2),
     2: (3,),
     3: (4,),
-    4: (5,),
+    4: (),
     5: (),
     6: (6,),
     7: (12,),
     8: (7,),
-    9: (8, 9),
+    9: (8, 9, 10),
     10: (11, 12),
-    11: (13, 14, 15),
+    11: (5, 13, 14, 15),
     12: (),
 }
 WHAT = {
@@ -50,7 +51,8 @@ WHAT = {
     8: "learning rate × depth sweep of all three algorithms",
     9: "how much of the ratio is routing, against policy lag",
     10: "train–inference corrections (TIS, MIS, IcePop) beside the bypass and R3",
-    11: "300 steps under a bf16 rollout engine: collapse, and claims 4 and 2",
+    11: "300 steps under a bf16 rollout engine, five arms (GRPO ± R2, + R3, + R2 + IcePop, GSPO): collapse, volatility "
+    "per update, and claims 4 and 2",
     12: "figure 11 at 8 minibatches per rollout batch (GRPO with and without R2)",
 }
 NO_CLAIM = {
@@ -64,14 +66,30 @@ def _g(x: float | None, digits: int = 3) -> str:
 
 
 def _estimate(e: dict) -> str:
+    """An estimate's number: "0 of 4 [0, 60 %]" for a count, else mean ±half-width."""
+    if e.get("k") is not None:
+        return e["value"]
     half = "" if e["half_width"] is None else f" ±{_g(e['half_width'], 2)}"
     return f"{_g(e['mean'])}{half}"
 
 
+def _primary(r: dict) -> dict | None:
+    return next((e for e in r["estimates"] if e["role"] == "primary"), None)
+
+
+def _runs(r: dict) -> str:
+    """Which runs a row is measured on, in a few words: "figure 11's 4-layer 300-step runs, 4 seeds"."""
+    join = lambda xs: "/".join(map(str, xs))  # noqa: E731
+    seeds = len(r["seeds"])
+    return f"figure {r['figure']}'s {join(r['layers'])}-layer {join(r['steps'])}-step runs, {seeds} seeds"
+
+
 def _claim(r: dict) -> str:
-    """One report row in a few words: its judged estimates (mean ±half-width) and its verdict."""
-    shown = "; ".join(f"{e['name']} {_estimate(e)}" for e in r["estimates"][:2])
-    return f"row {r['claim']}: {shown + ' → ' if shown else ''}**{r['verdict']}**"
+    """One report row in a few words: its primary measure, the runs, its number (mean ±half-width) and verdict."""
+    e = _primary(r)
+    if e is None:
+        return f"row {r['claim']} ({r['primary_measure']}; {_runs(r)}): {r['glance']} → **{r['verdict']}**"
+    return f"row {r['claim']} ({r['primary_measure']}; {_runs(r)}): {_estimate(e)} → **{r['verdict']}**"
 
 
 def report_records(results: Path) -> dict[int, dict]:
@@ -114,30 +132,118 @@ def _figure_1(results: Path, records: dict[int, dict], walls: dict) -> str:
     cold = p[p.step == start]["mean"].mean()  # every arm's step 0 is the same cold start
     runs, minutes, cpu = walls[1]
     seeds = int(at["GSPO"].n_seeds)
-    d = records[2]["estimates"][0]
+    r = records[2]
+    d = _primary(r)
+    beside = "; ".join(f"{e['name']} {_estimate(e)} → {e['verdict']}" for e in r["estimates"] if e is not d)
     return (
         f"Figure 1 at the CPU scale ({seeds} seeds, {last} steps from a cold start at held-out pass@1 {_g(cold)}): "
         f"at step {last} GSPO reaches {_g(at['GSPO']['mean'])} [{_g(at['GSPO'].lower)}, {_g(at['GSPO'].upper)}] "
-        f"and GRPO + R2 {_g(at['GRPO + R2']['mean'])} [{_g(at['GRPO + R2'].lower)}, {_g(at['GRPO + R2'].upper)}]; "
-        f"Δ final pass@1 {_estimate(d)} (95 % half-width), **{records[2]['verdict']}** (REPORT.md row 2). "
+        f"and GRPO + R2 {_g(at['GRPO + R2']['mean'])} [{_g(at['GRPO + R2'].lower)}, {_g(at['GRPO + R2'].upper)}]. "
+        f"REPORT.md row 2 is judged on its primary measure, {d['measure']}: Δ {_estimate(d)} (95 % half-width) → "
+        f"**{r['verdict']}**" + (f"; beside it, not judged into it: {beside}" if beside else "") + ". "
         f"Its {runs} runs took {minutes:.0f} min each (median) on a 2-core {cpu} EPYC at 1 thread, 2 at a time.\n"
     )
 
 
-def _results_table(records: dict[int, dict], walls: dict) -> str:
+def _figure_4(results: Path) -> str:
+    """Figure 4's own runs: routing volatility per step (after a step's minibatch updates), mean over training."""
+    from analysis.figures import depth
+    from gspo_study.study import run_config
+
+    f = pd.read_csv(results / "figure-4.csv")
+    b = f[(f.panel == "b") & (f.kind == "curve")]
+    cfg = run_config("cpu", "gspo", 1)
+    means = b.groupby("series", sort=False)["mean"].mean()
+    shown = ", ".join(f"{s} {m:.2%}" for s, m in means.items())
+    return (
+        f"its own {depth(cfg)}-layer {cfg.train.steps}-step runs, routing volatility per step (after the step's "
+        f"{cfg.train.num_minibatches} updates), mean over training: {shown}; no claim is judged on them (claim 5 is "
+        "judged per update on figure 11's runs: row 5, in figure 11's line)"
+    )
+
+
+def _results_table(results: Path, records: dict[int, dict], walls: dict) -> str:
     lines = [
-        "| figure | what it shows | result at the CPU scale (mean ±95 % half-width) | runs, min each |",
+        "| figure | what it shows | result at the CPU scale: REPORT.md row (its primary measure; the runs), "
+        "mean ±95 % half-width → verdict | runs, min each |",
         "|---|---|---|---|",
     ]
     for n, claims in FIGURE_CLAIMS.items():
-        shown = "; ".join(_claim(records[c]) for c in claims if c in records) or NO_CLAIM[n]
+        shown = "; ".join(_claim(records[c]) for c in claims if c in records)
+        if n == 4:
+            shown = _figure_4(results)
+        if n == 11 and 13 in records:
+            shown += f"; {_other_arms(records[13])}"
         runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
-        lines.append(f"| [{n}](results/cpu/figure-{n}.png) | {WHAT[n]} | {shown} | {runs}, {minutes:.0f} ({cpu}) |")
+        link = f"[{n}](results/cpu/figure-{n}.png)"
+        lines.append(f"| {link} | {WHAT[n]} | {shown or NO_CLAIM[n]} | {runs}, {minutes:.0f} ({cpu}) |")
     return "\n".join(lines) + "\n"
 
 
+def _other_arms(r: dict) -> str:
+    """Row 13's other arms' counts (secondary, not judged), grouped by count."""
+    counts: dict[str, list[str]] = {}
+    for e in r["estimates"]:
+        if e["role"] == "secondary" and e.get("k") is not None and "version" not in e["name"]:
+            arm = (
+                e["name"]
+                .replace(", bf16 rollout", "")
+                .replace(", recomputed π_old", "")
+                .replace(", IcePop", " + IcePop")
+            )
+            counts.setdefault(e["value"], []).append(arm)
+    return "; ".join(f"{', '.join(arms)} (not judged): {value} each" for value, arms in counts.items())
+
+
 def _claims_list(records: dict[int, dict]) -> str:
-    return "".join(f"{n}. {r['text']} — **{r['verdict']}**\n" for n, r in sorted(records.items()))
+    return "".join(
+        f"{n}. {r['text']} — primary measure: {r['primary_measure']} (figure {r['figure']}) → **{r['verdict']}**\n"
+        for n, r in sorted(records.items())
+    )
+
+
+def _rows(records: dict[int, dict], verdict: str) -> list[int]:
+    return [n for n, r in sorted(records.items()) if r["verdict"] == verdict]
+
+
+def _list(rows: list[int]) -> str:
+    return ("row " if len(rows) == 1 else "rows ") + ", ".join(map(str, rows))
+
+
+def _findings(records: dict[int, dict]) -> str:
+    """What the study found, in four sentences, from REPORT.json: the verdicts, the measured reason (routing
+    volatility per update against the paper's), the long-horizon comparison and collapse count it leads to, and
+    what the underpowered rows would need."""
+    from analysis.report import COLLAPSE_RATE, MARGIN
+
+    judged = [r for r in records.values() if r["verdict"] not in ("measured", "not run")]
+    by = {v: _rows(records, v) for v in ("reproduces", "not reproduced", "underpowered", "inconclusive")}
+    plural = {"reproduces": "reproduce"}
+    counts = ", ".join(
+        f"{len(rows)} {plural.get(v, v) if len(rows) > 1 else v} ({_list(rows)})" for v, rows in by.items() if rows
+    )
+    vol = [e for e in records[5]["estimates"] if e.get("paper") is not None]
+    fold = sorted(e["paper"] / e["mean"] for e in vol)
+    pct = sorted(100 * e["mean"] for e in vol)
+    long, down = _primary(records[14]), _primary(records[13])
+    wide = [_primary(records[n]) for n in by["underpowered"]]
+    halves = sorted(e["half_width"] for e in wide if e and e["half_width"] is not None and "pass@1" in e["measure"])
+    counted = [n for n in by["underpowered"] if _primary(records[n]) and _primary(records[n])["k"] is not None]
+    also = f", and {_list(counted)}'s count" if counted else ""
+    return (
+        f"Of the {len(records)} claims in REPORT.md, {len(judged)} carry a verdict on their primary measure: "
+        f"{counts}.\n"
+        f"The measured reason for the routing claims: routing moves ≈ {fold[0]:.0f}–{fold[-1]:.0f}× less per "
+        f"optimizer update than in the paper ({pct[0]:.2f}–{pct[-1]:.2f} % of activated experts against "
+        f"≈ {100 * vol[0]['paper']:.0f} %; row 5, {_runs(records[5])}).\n"
+        f"At that little drift, GRPO without replay does not fall behind GRPO + R2 over {records[14]['steps'][0]} "
+        f"steps (row 14, Δ final pass@1 {_estimate(long)} → {records[14]['verdict']}), and "
+        f"{'none' if down['k'] == 0 else down['k']} of its {down['n']} runs collapsed, a count that still allows a "
+        f"collapse rate up to {100 * down['upper']:.0f} % (row 13, {down['value']} → {records[13]['verdict']}).\n"
+        f"The {len(by['underpowered'])} underpowered rows' intervals (half-widths {_g(halves[0], 2)}–"
+        f"{_g(halves[-1], 2)} in pass@1{also}) are wider than the gap they test for ({MARGIN} in pass@1, a "
+        f"collapse rate of {100 * COLLAPSE_RATE:.0f} %): they need more seeds, not another reading.\n"
+    )
 
 
 def blocks(scale: str = "cpu") -> dict[str, str]:
@@ -146,7 +252,8 @@ def blocks(scale: str = "cpu") -> dict[str, str]:
     walls = wall_minutes(results, scale)
     return {
         "figure-1": _figure_1(results, records, walls),
-        "results": _results_table(records, walls),
+        "findings": _findings(records),
+        "results": _results_table(results, records, walls),
         "claims": _claims_list(records),
         "test-time": _test_time(),
     }

@@ -1,10 +1,15 @@
-"""The collapse rule (analysis/collapse.py) on curves built to trip it and curves built not to."""
+"""The collapse rule (analysis/collapse.py) on curves built to trip it and curves built not to, under each of its
+versions: both flag a crash and pass a plateau, a recovered dip and a run that never learned; only version 1 flags a
+plateau's last dip (seed 4 of figure 11) or a first step far below the plateau."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from analysis.collapse import PASS_MARGIN, collapse, pass_collapse, reward_collapse, smooth
+from analysis.collapse import PASS_MARGIN, RULES, VERSION, collapse, pass_collapse, reward_collapse, smooth
+
+VERSIONS = pytest.mark.parametrize("version", sorted(RULES))
 
 
 def noisy(values, seed=0, sd=0.02):
@@ -15,29 +20,32 @@ def test_smooth_is_a_trailing_mean():
     assert smooth([1, 2, 3, 4], window=2).tolist() == [1.0, 1.5, 2.5, 3.5]
 
 
-def test_reward_crash_after_learning_collapses_at_the_crash():
+@VERSIONS
+def test_reward_crash_after_learning_collapses_at_the_crash(version):
     steps = np.arange(1, 301)
     curve = np.where(steps <= 200, 0.4 + 0.3 * steps / 200, 0.1)  # learns to 0.7, crashes at 201 and stays
-    step = reward_collapse(steps, noisy(curve))
+    step = reward_collapse(steps, noisy(curve), version=version)
     assert step is not None and 201 <= step <= 201 + 10  # within the smoothing window of the crash
 
 
-def test_a_dip_that_recovers_or_a_plateau_or_no_learning_is_not_a_collapse():
+@VERSIONS
+def test_a_dip_that_recovers_or_a_plateau_or_no_learning_is_not_a_collapse(version):
     steps = np.arange(1, 301)
     dip = 0.4 + 0.3 * np.minimum(steps, 150) / 150
     dip[160:190] -= 0.3  # loses all its gain for 30 steps, then recovers
-    assert reward_collapse(steps, noisy(dip)) is None
-    assert reward_collapse(steps, noisy(np.full(300, 0.5), sd=0.05)) is None  # noise on a plateau
+    assert reward_collapse(steps, noisy(dip), version=version) is None
+    assert reward_collapse(steps, noisy(np.full(300, 0.5), sd=0.05), version=version) is None  # noise, a plateau
     decline = 0.5 - 0.3 * steps / 300  # never gained: a failure to learn, not a collapse by this rule
-    assert reward_collapse(steps, noisy(decline, sd=0.005)) is None
+    assert reward_collapse(steps, noisy(decline, sd=0.005), version=version) is None
 
 
-def test_losing_less_than_half_the_gain_is_not_a_collapse():
+@VERSIONS
+def test_losing_less_than_half_the_gain_is_not_a_collapse(version):
     steps = np.arange(1, 301)
     curve = np.where(steps <= 150, 0.4 + 0.2 * steps / 150, 0.52)  # keeps 60 % of its 0.2 gain
-    assert reward_collapse(steps, noisy(curve, sd=0.005)) is None
+    assert reward_collapse(steps, noisy(curve, sd=0.005), version=version) is None
     curve = np.where(steps <= 150, 0.4 + 0.2 * steps / 150, 0.48)  # keeps 40 %: collapsed
-    assert reward_collapse(steps, noisy(curve, sd=0.005)) is not None
+    assert reward_collapse(steps, noisy(curve, sd=0.005), version=version) is not None
 
 
 def test_pass_at_1_ending_below_the_cold_start():
@@ -60,8 +68,9 @@ def test_the_earlier_rule_wins():
 
 
 def test_a_last_dip_of_a_noisy_plateau_is_censored():
-    """Figure 11's seed 4 (both GRPO arms): a small gain, then the smoothed reward sagging under the loss line in
-    the run's last 9 steps — a plateau's noise, not a crash; the same sag lasting PERSIST steps is one."""
+    """Figure 11's seed 4: a small gain, then the smoothed reward sagging under the loss line in the run's last
+    9 steps — a plateau's noise, not a crash (version 2); version 1 flags it, as it did in the archive. The same
+    sag lasting PERSIST steps is a collapse under both."""
     from analysis.collapse import PERSIST
 
     steps = np.arange(1, 301)
@@ -69,6 +78,24 @@ def test_a_last_dip_of_a_noisy_plateau_is_censored():
     late = curve.copy()
     late[291:] = 0.6
     assert reward_collapse(steps, noisy(late, sd=0.005)) is None
+    assert VERSION == 2 and reward_collapse(steps, noisy(late, sd=0.005), version=1) is not None
     lasting = curve.copy()
     lasting[300 - PERSIST - 5 :] = 0.6
-    assert reward_collapse(steps, noisy(lasting, sd=0.005)) is not None
+    for version in RULES:
+        assert reward_collapse(steps, noisy(lasting, sd=0.005), version=version) is not None
+
+
+def test_version_1_starts_from_one_step():
+    """A first step below a flat run: version 1 reads the step up from it as a gain of 0.1, so a lasting sag of
+    0.06 is a "collapse"; version 2's start is the first window's mean (0.39), and a 0.01 gain is no gain."""
+    steps = np.arange(1, 301)
+    curve = np.full(300, 0.4)
+    curve[0] = 0.3  # one low first reward
+    curve[200:] = 0.34
+    assert reward_collapse(steps, curve, version=1) is not None
+    assert reward_collapse(steps, curve, version=2) is None
+
+
+def test_a_bad_version_is_refused():
+    with pytest.raises(ValueError, match="bad collapse rule version 3; allowed: 1, 2"):
+        collapse([1, 2], [0.1, 0.2], [0], [0.5], version=3)

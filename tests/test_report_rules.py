@@ -1,24 +1,37 @@
 """The report's verdict rules (analysis/report.py's `METHOD`), each on data built to pass it and data built to
 fail it: a harmful difference inside the no-harm margin and one outside, an interval too wide to see the gap it
-tests for, a magnitude within and outside the window, and the pooled, collapse and multiplicity rules."""
+tests for, a magnitude within and outside the window, a count against its exact interval, and the pooled and
+multiplicity rules; and the one-primary-measure rule: a row's verdict is its primary measure's alone, on
+constructed runs and in the shipped REPORT.json."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+from analysis import report
+from analysis.common import PASS1, REWARD, Study, TrackedRun
 from analysis.report import (
+    CLAIMS,
     METHOD,
     WITHIN,
+    Claim,
+    Result,
     Verdict,
     collapse_verdict,
-    combine,
+    count,
     estimate,
     factor,
+    fisher_verdict,
     verdict,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 NAN = math.nan
 V = Verdict
@@ -80,20 +93,86 @@ def test_the_tested_effect_is_a_parameter():
     assert verdict("diff", -0.05, 0.1, +1, effect=0.1487) == V.NOT_REPRODUCED  # excludes the paper's gap
 
 
-def test_combine():
-    assert combine([V.REPRODUCES, V.REPRODUCES]) == V.REPRODUCES
-    assert combine([V.CONSISTENT, V.CONSISTENT]) == V.CONSISTENT
-    assert combine([V.REPRODUCES, V.CONSISTENT]) == V.REPRODUCES
-    assert combine([V.REPRODUCES, V.INCONCLUSIVE]) == V.INCONCLUSIVE
-    assert combine([V.INCONCLUSIVE, V.UNDERPOWERED]) == V.UNDERPOWERED
-    assert combine([V.INCONCLUSIVE, V.NOT_REPRODUCED, V.REPRODUCES]) == V.NOT_REPRODUCED
+def test_combine_is_gone():
+    """No rule folds several measures into a row's verdict any more."""
+    assert not hasattr(report, "combine") and "`combine`" not in METHOD
 
 
-def test_collapse_verdict():
-    assert collapse_verdict(0, 3, 0) == V.NOT_REPRODUCED  # GRPO without replay never collapsed
-    assert collapse_verdict(2, 3, 0) == V.REPRODUCES
-    assert collapse_verdict(2, 3, 1) == V.INCONCLUSIVE  # R2 collapsed too
-    assert collapse_verdict(1, 3, 0) == V.INCONCLUSIVE  # fewer than half
+def test_collapse_verdict_reads_the_exact_interval():
+    assert collapse_verdict(0, 4) == V.UNDERPOWERED  # 0 of 4 still allows a rate up to 60 %
+    assert collapse_verdict(0, 5) == V.UNDERPOWERED  # up to 52 %
+    assert collapse_verdict(0, 6) == V.NOT_REPRODUCED  # up to 46 %: excludes half the runs collapsing
+    assert collapse_verdict(1, 12) == V.NOT_REPRODUCED  # 1 of 12: up to 38 %
+    assert collapse_verdict(2, 4) == V.REPRODUCES  # half of them
+    assert collapse_verdict(3, 3) == V.REPRODUCES
+    assert collapse_verdict(1, 4) == V.UNDERPOWERED  # fewer than half, interval still reaching it
+    assert collapse_verdict(0, 0) == V.INCONCLUSIVE
+    e = count("GRPO", 0, 4, judged=True)
+    assert e.value() == "0 of 4 [0, 60 %]" and e.verdict == V.UNDERPOWERED
+    assert count("R2", 0, 4, judged=False).verdict == V.MEASURED
+
+
+def test_fisher_verdict():
+    assert fisher_verdict(3, 3, 0, 3) == V.REPRODUCES  # p = 0.05 exactly: the R3 paper's 3 of 3 vs 0 of 3
+    assert fisher_verdict(0, 4, 0, 4) == V.INCONCLUSIVE  # p = 1, yet 4 of 4 vs 0 of 4 could have shown it
+    assert fisher_verdict(2, 2, 0, 2) == V.UNDERPOWERED  # p = 1/6: no outcome at n = 2 reaches 0.05
+    assert fisher_verdict(2, 3, 0, 3) == V.INCONCLUSIVE  # p = 0.2
+
+
+def _study(finals: dict[str, list[float]], rewards: dict[str, list[float]]) -> Study:
+    """Runs of `finals` keys at seeds 1..n: held-out pass@1 0.5 at step 0 and `finals` at step 10, the training
+    reward `rewards` at every step 1..10 (so the final reward is that value)."""
+    cfg = SimpleNamespace(train=SimpleNamespace(steps=10), eval=SimpleNamespace(every=5))
+    rows, runs = [], []
+    for run, values in finals.items():
+        for seed, (final, reward) in enumerate(zip(values, rewards[run]), start=1):
+            rid = f"{run}-{seed}"
+            runs.append(TrackedRun(run, seed, cfg, rid, {}))
+            rows += [(run, seed, rid, 0, PASS1, 0.5), (run, seed, rid, 10, PASS1, final)]
+            rows += [(run, seed, rid, step, REWARD, reward) for step in range(1, 11)]
+    frame = pd.DataFrame(rows, columns=["run", "seed", "run_id", "step", "metric", "value"])
+    return Study(runs, frame, "sqlite:///none", "x", Path("."))
+
+
+def test_a_row_is_judged_on_its_primary_measure_alone():
+    """Claim 2 on runs built so that final pass@1 cannot see the gap (underpowered) while the final reward rules
+    it out (not reproduced): the row reads "underpowered", the reward its own verdict beside it. The old
+    `combine` rule would have read "not reproduced" here."""
+    s = _study(
+        {"gspo": [0.7, 0.4, 0.6], "grpo_r2": [0.5, 0.5, 0.5]},
+        {"gspo": [0.60, 0.61, 0.60], "grpo_r2": [0.60, 0.60, 0.60]},
+    )
+    r = report._efficiency(s)
+    assert r.primary.measure == CLAIMS[1].primary and r.primary.verdict == V.UNDERPOWERED
+    assert [e.verdict for e in r.secondary] == [V.NOT_REPRODUCED]
+    assert r.verdict == V.UNDERPOWERED
+    assert report.checked(CLAIMS[1], r) is r
+
+
+def test_a_verdict_from_another_measure_is_refused():
+    reward = estimate("final reward", pd.Series([0.0, 0.01, -0.01]), measure="final reward, GSPO − GRPO + R2")
+    with pytest.raises(ValueError, match=r"judged on 'final reward, GSPO − GRPO \+ R2'; allowed: its primary"):
+        report.checked(CLAIMS[1], Result(primary=reward))
+    claim = Claim("x", "y", "final pass@1, GSPO − GRPO + R2", (), measure=lambda s: None)
+    assert report.checked(claim, Result("a reading", otherwise=V.MEASURED)).verdict == V.MEASURED
+
+
+def test_shipped_report_verdicts_are_their_primary_measures():
+    """REPORT.json as shipped: each row's verdict is the verdict of its one primary estimate, which is the measure
+    its claim declares; REPORT.md's first table shows the same verdicts and measures."""
+    records = json.loads((ROOT / "results/cpu/REPORT.json").read_text())
+    assert [r["claim"] for r in records] == list(range(1, len(CLAIMS) + 1))
+    rows = report.sections((ROOT / "results/cpu/REPORT.md").read_text())
+    for rec, claim in zip(records, CLAIMS):
+        primary = [e for e in rec["estimates"] if e["role"] == "primary"]
+        assert rec["primary_measure"] == claim.primary
+        if primary:
+            assert len(primary) == 1 and rec["estimates"][0] == primary[0]
+            assert primary[0]["measure"] == claim.primary and rec["verdict"] == primary[0]["verdict"]
+        else:
+            assert rec["verdict"] in ("measured", "not run", "inconclusive")
+        line = rows[rec["claim"]].splitlines()[0]
+        assert report.verdict_of(line) == rec["verdict"] and claim.primary in line
 
 
 def test_estimate_renders_its_half_width_once():
@@ -120,13 +199,12 @@ def test_method_states_the_margin_and_window():
     assert verdict("magnitude", *inside, paper=paper) == V.REPRODUCES
     assert verdict("magnitude", *outside, paper=paper) == V.INCONCLUSIVE
     assert verdict("magnitude", paper * window * 1.01, paper * window * 2, paper=paper) == V.NOT_REPRODUCED
+    assert "One primary measure per claim" in METHOD
 
 
 def test_sweep_pools_by_seed_and_sets_collapsed_cells_apart():
     """Figure 8's rule on a constructed sweep: 2 moving cells, one where every algorithm collapses. The pooled Δ
     is over seeds (n = 3), not (cell, seed) pairs, and the collapsed cell is named, not pooled."""
-    from analysis import report
-
     rows = []
     for seed in (1, 2, 3):
         for cell, start, finals, vol in (
@@ -143,8 +221,9 @@ def test_sweep_pools_by_seed_and_sets_collapsed_cells_apart():
     orig = report.sweep_table
     report.sweep_table = lambda s: pd.DataFrame(rows)
     try:
-        text, v, _ = report._sweep(Fake())
+        r = report._sweep(Fake())
     finally:
         report.sweep_table = orig
-    assert "every algorithm collapses at B" in text and "mean over 1 cells" in text and "(n=3)" in text
-    assert v == V.REPRODUCES  # GSPO +0.1, R2 +0.05 in cell A at every seed
+    assert "every algorithm collapses at B" in r.context
+    assert "mean over 1 cells" in r.primary.name and r.primary.n == 3 and r.primary.measure == CLAIMS[6].primary
+    assert r.verdict == V.REPRODUCES  # R2 +0.05 in cell A at every seed (primary); GSPO +0.1 beside it
