@@ -201,6 +201,16 @@ def collapse_verdict(k: int, n: int) -> Verdict:
     return Verdict.REPRODUCES if k >= COLLAPSE_RATE * n else Verdict.UNDERPOWERED
 
 
+def collapse_verdict_v1(k: int, n: int, k_r2: int) -> Verdict:
+    """The count rule before 2026-12-04 (kept to show what it reads, REPORT row 13): "not reproduced" when no run of
+    GRPO without replay collapsed, "reproduces" when at least half did and no GRPO + R2 run, else "inconclusive".
+    Replaced after the archive had been seen: 0 of 4 allows a rate up to 60 %, so its "not reproduced" claimed more
+    than an interval row's does."""
+    if k == 0:
+        return Verdict.NOT_REPRODUCED
+    return Verdict.REPRODUCES if 2 * k >= n and k_r2 == 0 else Verdict.INCONCLUSIVE
+
+
 def fisher_verdict(k1: int, n1: int, k0: int, n0: int) -> Verdict:
     """Fisher's one-sided test of arm 1 collapsing more than arm 0: "reproduces" at p ≤ ALPHA, "underpowered" when
     even n1 of n1 against 0 of n0 could not reach it, else "inconclusive"."""
@@ -814,6 +824,13 @@ def _collapse(study: Study, others: dict[int, Study] | None = None) -> Result:
             )
         )
     history, earlier = _history({11: study, **(others or {})}, shares["grpo"].verdict)
+    k_r2 = shares["grpo_r2"].k if "grpo_r2" in shares else 0
+    history += (
+        f"\ncount rule: version 2 in force (`collapse_verdict`: the exact interval against {COLLAPSE_RATE:.0%}); "
+        f"version 1 (`collapse_verdict_v1`: none collapsed → not reproduced), in force until 2026-12-04 and replaced "
+        f"after the archive had been seen, reads this row as "
+        f"**{collapse_verdict_v1(shares['grpo'].k, shares['grpo'].n, k_r2)}**"
+    )
     if earlier is not None:
         secondary.append(earlier)
     need = seeds_for_power(COLLAPSE_RATE, 0.0, POWER, ALPHA)

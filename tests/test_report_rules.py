@@ -112,6 +112,13 @@ def test_collapse_verdict_reads_the_exact_interval():
     assert count("R2", 0, 4, judged=False).verdict == V.MEASURED
 
 
+def test_the_count_rules_old_version_is_kept_and_differs():
+    """The count rule before 2026-12-04 (`collapse_verdict_v1`) stays in code, so row 13 can say what it reads; it
+    calls 0 of 4 "not reproduced", which the rule in force does not."""
+    assert report.collapse_verdict_v1(0, 4, 0) == V.NOT_REPRODUCED != collapse_verdict(0, 4)
+    assert report.collapse_verdict_v1(2, 4, 0) == V.REPRODUCES and report.collapse_verdict_v1(2, 4, 1) == V.INCONCLUSIVE
+
+
 def test_fisher_verdict():
     assert fisher_verdict(3, 3, 0, 3) == V.REPRODUCES  # p = 0.05 exactly: the R3 paper's 3 of 3 vs 0 of 3
     assert fisher_verdict(0, 4, 0, 4) == V.INCONCLUSIVE  # p = 1, yet 4 of 4 vs 0 of 4 could have shown it
