@@ -433,10 +433,10 @@ def _draw_curves(ax, rows: pd.DataFrame, colors, styles) -> None:
         g = g.sort_values(["step", "x"])
         line, marker = styles.get(metric, STYLES[0])
         if (g.window > 1).any():  # smoothed: the step-by-step values faint behind
-            ax.plot(g.x, g.raw, line, color=colors.get(run), alpha=FAINT, linewidth=0.6)
+            ax.plot(g.x, g.raw, line, color=colors.get(run, "grey"), alpha=FAINT, linewidth=0.6)
         short = len(g) < LONG
-        ax.plot(g.x, g.line, line, color=colors.get(run), marker=marker if short else None, markersize=3.5)
-        ax.fill_between(g.x, g.band_lower, g.band_upper, color=colors.get(run), alpha=BAND, linewidth=0)
+        ax.plot(g.x, g.line, line, color=colors.get(run, "grey"), marker=marker if short else None, markersize=3.5)
+        ax.fill_between(g.x, g.band_lower, g.band_upper, color=colors.get(run, "grey"), alpha=BAND, linewidth=0)
 
 
 def _draw_bars(ax, rows: pd.DataFrame, colors, styles) -> None:
@@ -447,7 +447,7 @@ def _draw_bars(ax, rows: pd.DataFrame, colors, styles) -> None:
         for j, r in enumerate(g.itertuples()):
             pos = i + (j - (len(g) - 1) / 2) * width
             err = None if math.isnan(r.band_lower) else [[r.line - r.band_lower], [r.band_upper - r.line]]
-            ax.bar(pos, r.line, width, yerr=err, capsize=2, color=colors.get(r.run), error_kw={"linewidth": 1})
+            ax.bar(pos, r.line, width, yerr=err, capsize=2, color=colors.get(r.run, "grey"), error_kw={"linewidth": 1})
     ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs] if len(xs) > 1 else [""])
 
 
@@ -463,10 +463,10 @@ def _cell_label(cell: str) -> str:
 def _draw_points(ax, rows: pd.DataFrame, colors, styles) -> None:
     for (run, metric), g in rows.groupby(["run", "metric"], sort=False):
         marker = styles.get(metric, STYLES[0])[1]
-        ax.scatter(g.x, g.line, marker=marker, color=colors.get(run), alpha=0.7, s=14, linewidths=1)
+        ax.scatter(g.x, g.line, marker=marker, color=colors.get(run, "grey"), alpha=0.7, s=14, linewidths=1)
         if g.band_lower.notna().any():  # seed-aggregated points carry their band
             err = [(g.line - g.band_lower).fillna(0), (g.band_upper - g.line).fillna(0)]
-            ax.errorbar(g.x, g.line, yerr=err, fmt="none", color=colors.get(run), alpha=0.6, capsize=2)
+            ax.errorbar(g.x, g.line, yerr=err, fmt="none", color=colors.get(run, "grey"), alpha=0.6, capsize=2)
 
 
 def _label_cells(ax, rows: pd.DataFrame) -> None:

@@ -372,6 +372,24 @@ FIGURES[11] = figure_11
 FIGURES[12] = figure_11  # the same panels at 8 minibatches per rollout batch
 
 
+def figure_13(s: Study) -> list[Panel]:
+    """The routing frontier, axis V (analysis/frontier.py, experiments/frontier/plan.yaml)."""
+    from analysis.frontier import panels
+
+    return panels(s, 13)
+
+
+def figure_14(s: Study) -> list[Panel]:
+    """The routing frontier, axis M and its control."""
+    from analysis.frontier import panels
+
+    return panels(s, 14)
+
+
+FIGURES[13] = figure_13
+FIGURES[14] = figure_14
+
+
 def _cat(*frames):
     return pd.concat([f for f in frames if not f.empty], ignore_index=True)
 

@@ -63,13 +63,20 @@ def cells(cfg, plan: dict) -> list[Cell]:
     return [Cell("V", v), Cell("M", m)]
 
 
-def _curve(study: Study, metric: str, run: str, seed: int) -> pd.DataFrame:
-    f = study.values(metric, run)
-    return f[f.seed == seed].sort_values("step")
+def arms_of(plan: dict, axis: str) -> list[str]:
+    """The arms the plan gives an axis (or the control, the positive control)."""
+    spec = {"positive": plan["positive_control"], "control": plan["control"]}.get(axis) or plan["axes"][axis]
+    return list(spec["arms"])
 
 
-def _mean(study: Study, metric: str, run: str, seed: int) -> float:
-    f = _curve(study, metric, run, seed)
+def _curve(study: Study, metric: str, run_id: str) -> pd.DataFrame:
+    """One tracked run's history of `metric` (by its MLflow id: a figure's cells share run names and seeds)."""
+    f = study.frame
+    return f[(f.run_id == run_id) & (f.metric == metric)].sort_values("step")
+
+
+def _mean(study: Study, metric: str, run_id: str) -> float:
+    f = _curve(study, metric, run_id)
     return float(f.value.mean()) if len(f) else math.nan
 
 
@@ -78,10 +85,10 @@ def outcomes(study: Study, plan: dict) -> pd.DataFrame:
     version = int(plan["collapse_rule"]["version"])
     rows = []
     for r in study.runs:
-        rw, p1 = _curve(study, REWARD, r.run, r.seed), _curve(study, PASS1, r.run, r.seed)
+        rw, p1 = _curve(study, REWARD, r.run_id), _curve(study, PASS1, r.run_id)
         c = collapse(rw.step.to_numpy(), rw.value.to_numpy(), p1.step.to_numpy(), p1.value.to_numpy(), version)
         last = int(rw.step.max()) if len(rw) else 0
-        for cell in cells(r.cfg, plan):
+        for cell in (c for c in cells(r.cfg, plan) if r.run in arms_of(plan, c.axis)):
             rows.append(
                 dict(
                     axis=cell.axis,
@@ -93,9 +100,9 @@ def outcomes(study: Study, plan: dict) -> pd.DataFrame:
                     collapsed=c.collapsed,
                     collapse_step=c.step if c.collapsed else last,  # the event's step, or where it was censored
                     collapse_rule=c.rule,
-                    drift_per_update=_mean(study, DRIFT, r.run, r.seed),
-                    k3=_mean(study, K3, r.run, r.seed),
-                    flips_per_layer=_mean(study, FLIPS, r.run, r.seed),
+                    drift_per_update=_mean(study, DRIFT, r.run_id),
+                    k3=_mean(study, K3, r.run_id),
+                    flips_per_layer=_mean(study, FLIPS, r.run_id),
                 )
             )
     return pd.DataFrame(rows)
@@ -213,3 +220,271 @@ def decisive_dose(out: pd.DataFrame, plan: dict, axis: str) -> float | None:
         return None
     best = max(gaps, key=gaps.get)
     return best if gaps[best] > 0 else max(doses)
+
+
+# ------------------------------------------------------------------------------------------------ figures 13 and 14
+AXIS_OF = {13: "V", 14: "M"}
+CALIBRATION = {  # per axis: (dial, measure, y label, the paper's value or None)
+    "V": [("train.router_lr_scale", "per_update", "activated experts changed per update", 0.10)],
+    "M": [
+        ("rollout.router_noise", "flips_per_layer", "routing flips per layer", 0.057),
+        ("rollout.router_noise", "k3", "train–inference k3", 1.5e-3),
+    ],
+}
+CONTROL_DIAL = "rollout.head_noise"
+
+
+def _row(panel: str, kind: str, series: str, run: str, metric: str, x_name: str, x: float, line: float,
+         lo: float = math.nan, hi: float = math.nan, n: int = 0, step: float = math.nan) -> dict:  # fmt: skip
+    """A drawn row whose line and band are given (never clipped again: the caller's interval is already in range)."""
+    from analysis.common import csv_row
+
+    return csv_row(panel=panel, kind=kind, series=series, run=run, metric=metric, x_name=x_name, x=x, step=step,
+                   mean=line, lower=lo, upper=hi, n_seeds=n, line=line, band_lower=lo, band_upper=hi,
+                   stat="t" if n > 1 else "", window=1, raw=line)  # fmt: skip
+
+
+def calibration_rows(table: pd.DataFrame, axis: str, spec: tuple) -> tuple[pd.DataFrame, str, float | None]:
+    """Panel (a): each calibrated dose's reading (mean ± SD over the calibration's batches or steps), the control's
+    k3 beside axis M's, and the paper's level as a reference line."""
+    from analysis.common import COLUMNS, reference
+
+    rows, refs, panel = [], [], ""
+    dial, measure, ylabel, paper = spec
+    dials = [(dial, "rollout copy's router logits" if axis == "M" else "router lr scale")]
+    if measure == "k3":
+        dials.append((CONTROL_DIAL, "control: LM-head logits"))
+    for name, what in dials:
+        t = table[(table.dial == name) & (table.measure == measure)].copy()
+        t["x"] = pd.to_numeric(t.dose, errors="coerce")
+        for r in t[t.x > 0].sort_values("x").itertuples():
+            se = 0.0 if math.isnan(r.sd) else r.sd / math.sqrt(r.n)  # the standard error of the reading's mean
+            rows.append(_row(panel, "curve", f"calibration: {what}", "", f"calibration/{measure}/{name}", name,
+                             r.x, r.mean, max(r.mean - se, r.mean / 10), r.mean + se, int(r.n)))  # fmt: skip
+    if paper is not None:
+        refs.append(reference(paper, f"≈ {paper:g} ({'GSPO §5.3' if axis == 'V' else 'R3 paper'})",
+                              f"calibration/{measure}", panel))  # fmt: skip
+    frame = pd.concat([pd.DataFrame(rows, columns=COLUMNS), *refs], ignore_index=True)
+    return frame, ylabel, paper
+
+
+def dose_rows(summ: pd.DataFrame, axis: str, panel: str, value: str, log: bool = False) -> pd.DataFrame:
+    """Panels (b) and (c): per arm and dose, mean final pass@1 [95 % t] or the share collapsed [exact 95 %]."""
+    from analysis.common import COLUMNS, label
+
+    cols = {"pass": ("pass_final", "pass_lo", "pass_hi", "eval/pass@1"),
+            "collapsed": ("share", "collapsed_lo", "collapsed_hi", "frontier/collapsed")}[value]  # fmt: skip
+    t = summ[summ.axis == axis].copy()
+    t["share"] = t.collapsed / t.runs
+    arms = list(dict.fromkeys(t.arm))
+    rows = []
+    for r in t.itertuples():
+        x = dodge(r.dose, arms.index(r.arm), len(arms), log)
+        lo, hi = (max(getattr(r, cols[1]), 0.0), min(getattr(r, cols[2]), 1.0))  # both lie in [0, 1]
+        rows.append(_row(panel, "point", label(r.arm), r.arm, cols[3], "dose", x, getattr(r, cols[0]), lo, hi,
+                         int(r.runs), step=r.dose))  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+DODGE = 0.12  # arms at one dose are drawn side by side: x × (1 ± 12 %) per arm on a log axis, ± 0.012·max on linear
+
+
+def dodge(dose: float, i: int, n: int, log: bool, top: float = 0.3) -> float:
+    """The drawn x of arm i of n at a dose (the dose itself is the row's `step` column in the CSV)."""
+    k = i - (n - 1) / 2
+    return dose * (1 + DODGE) ** k if log else dose + k * DODGE * top / 10
+
+
+def survival_rows(out: pd.DataFrame, axis: str, dose: float, panel: str) -> pd.DataFrame:
+    """Panel (d): per arm, the Kaplan–Meier share of runs not yet collapsed against the step, at one dose."""
+    from analysis.common import COLUMNS, label
+
+    rows = []
+    g = out[(out.axis == axis) & np.isclose(out.dose, dose)]
+    for arm, a in g.groupby("arm", sort=False):
+        xs, ys = kaplan_meier(a.collapse_step, a.collapsed)
+        end = float(a.collapse_step.max())
+        xs, ys = np.append(xs, end), np.append(ys, ys[-1])  # the curve runs to the last censored step
+        xs, ys = np.repeat(xs, 2)[1:], np.repeat(ys, 2)[:-1]  # drawn as a step function: flat, then a drop
+        for x, y in zip(xs, ys):
+            rows.append(_row(panel, "curve", label(arm), arm, "frontier/survival", "step", x, y, n=len(a), step=x))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def panels(study: Study, figure: int, plan: dict | None = None, calibration: Path | None = None) -> list:
+    """Figure 13 (axis V, with the positive control) or 14 (axis M, with the control): the calibration, the primary
+    endpoint and the share collapsed against dose, time to collapse at the decisive dose, and the axis's control."""
+    from analysis.common import Panel
+
+    plan = plan or load_plan()
+    axis, letters = AXIS_OF[figure], iter("abcdefgh")
+    out = outcomes(study, plan)
+    summ = summary(out)
+    table = pd.read_csv(calibration or study.out_dir / "calibration.csv", dtype={"dose": str})
+    dial = plan["axes"][axis]["dial"]
+    x, logx = f"dose ({dial})", axis == "V"
+    result = []
+    for spec in CALIBRATION[axis]:
+        p = next(letters)
+        rows, ylabel, _ = calibration_rows(table, axis, spec)
+        result.append(Panel(rows, f"({p}) calibration on the cold start (± s.e.)", ylabel, x, logy=True, logx=True))
+        result[-1].rows["panel"] = p
+    p = next(letters)
+    result.append(Panel(dose_rows(summ, axis, p, "pass", logx), f"({p}) final held-out pass@1 (arms side by side)",
+                        "mean pass@1 (95 % t)", x, logx=logx))  # fmt: skip
+    p = next(letters)
+    rule = plan["collapse_rule"]["version"]
+    result.append(Panel(dose_rows(summ, axis, p, "collapsed", logx), f"({p}) runs collapsed (rule version {rule})",
+                        "share of runs (exact 95 %)", x, logx=logx))  # fmt: skip
+    dose = decisive_dose(out, plan, axis)
+    if dose is not None:
+        p = next(letters)
+        result.append(Panel(survival_rows(out, axis, dose, p), f"({p}) not yet collapsed, at dose {dose:g}",
+                            "share of runs (Kaplan–Meier)", "RL step"))  # fmt: skip
+    extra = "positive" if axis == "V" else "control"
+    if (summ.axis == extra).any():
+        p = next(letters)
+        what = "positive control (lr that must wreck every arm)" if extra == "positive" else "control (LM-head noise)"
+        result.append(Panel(_bars(summ, extra, p), f"({p}) {what}", "final pass@1 (95 % t)", " "))
+    return result
+
+
+def _bars(summ: pd.DataFrame, axis: str, panel: str) -> pd.DataFrame:
+    from analysis.common import COLUMNS, label
+
+    t = summ[summ.axis == axis]
+    rows = [_row(panel, "bar", label(r.arm), r.arm, "eval/pass@1", " ", 0, r.pass_final, r.pass_lo, r.pass_hi,
+                 int(r.runs)) for r in t.itertuples()]  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+# ------------------------------------------------------------------------------------------------ the REPORT's section
+def plan_commit(path: Path = PLAN) -> str:
+    """The commit that fixed the plan (the one that added the file; later changes are its `history` entries), or
+    "unknown" outside a git checkout."""
+    import subprocess
+
+    try:
+        cmd = ["git", "log", "--diff-filter=A", "--format=%H", "--", str(path)]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=path.parent, timeout=30)
+        return (out.stdout.split() or ["unknown"])[-1]
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def runs_after_plan(commits: list[str], plan: str, root: Path = PLAN.parent) -> list[str]:
+    """The run commits that do NOT descend from the plan's commit (a run started before its plan was fixed)."""
+    import subprocess
+
+    bad = []
+    for c in sorted(set(commits)):
+        done = subprocess.run(["git", "merge-base", "--is-ancestor", plan, c], cwd=root, capture_output=True)
+        if done.returncode != 0:
+            bad.append(c[:12])
+    return bad
+
+
+def _fmt(mean: float, lo: float, hi: float, n: int) -> str:
+    if math.isnan(lo):
+        return f"{mean:.3f} (n={n})"
+    return f"{mean:.3f} [{lo:.3f}, {hi:.3f}] ±{(hi - lo) / 2:.3f} (n={n})"
+
+
+def _share(k: int, n: int, lo: float, hi: float) -> str:
+    return f"{k} of {n} [{lo:.0%}, {hi:.0%}]"
+
+
+def section(
+    studies: dict[int, Study], plan: dict | None = None, planned: dict[int, int] | None = None
+) -> tuple[str, dict]:
+    """The REPORT's frontier section (markdown) and its records (REPORT.json's `frontier`), from figures 13 and 14's
+    finished runs, judged exactly as the plan says."""
+    plan = plan or load_plan()
+    commit = plan_commit()
+    runs = [r for s in studies.values() for r in s.runs]
+    outs = [outcomes(s, plan) for s in studies.values() if s.runs]
+    if not outs:
+        return "", {}
+    out = pd.concat(outs).drop_duplicates(["axis", "dose", "arm", "seed"])
+    summ, comp = summary(out), comparisons(out, plan)
+    early = runs_after_plan([r.tags.get("git_commit", "") for r in runs], commit) if commit != "unknown" else []
+    total = planned or len({r.run_id for r in runs})
+    deviations = [f"runs at commits {', '.join(early)} do not descend from the plan's commit"] if early else []
+    deviations += [str(h) for h in plan.get("history") or []]
+    decisive = len({r.run_id for r in runs if r.seed not in plan["pilot"]["seeds"]})
+    lines = [
+        f"## The routing frontier (figures 13–14; plan `experiments/frontier/plan.yaml` at {commit[:12]})",
+        "",
+        f"- runs finished: {len({r.run_id for r in runs})} of {total} planned for the pilot (seeds "
+        f"{', '.join(map(str, plan['pilot']['seeds']))}); decisive runs (seeds beyond the pilot's): {decisive}",
+        f"- applied as planned: primary endpoint final held-out pass@1, δ = {plan['margin']}, collapse rule "
+        f"version {plan['collapse_rule']['version']}, comparisons paired by seed against GRPO without replay",
+        "- deviations from the plan: " + ("; ".join(deviations) or "none"),
+        "",
+        "| axis | dose | arm | reached: drift per update / flips per layer / k3 | final pass@1 [95 % t] | "
+        "collapsed [exact 95 %] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in summ.itertuples():
+        reached = f"{r.drift_per_update:.3g} / {r.flips_per_layer:.3g} / {r.k3:.2g}"
+        lines.append(f"| {r.axis} | {r.dose:g} | {r.arm} | {reached} | {_fmt(r.pass_final, r.pass_lo, r.pass_hi, r.n)}"
+                     f" | {_share(r.collapsed, r.runs, r.collapsed_lo, r.collapsed_hi)} |")  # fmt: skip
+    lines += [
+        "",
+        "Each arm against GRPO without replay, paired by seed (Δ = arm − GRPO without replay in final pass@1; the "
+        "reading: a difference when the 95 % t-interval excludes 0, equivalence when both one-sided 95 % bounds lie "
+        f"inside ±{plan['margin']}, else underpowered or inconclusive; Fisher's exact one-sided test that GRPO without"
+        " replay collapses more often):",
+        "",
+        "| axis | dose | arm | Δ final pass@1 [95 % t] | reading | bootstrap 95 % | collapsed: GRPO / arm | Fisher p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in comp.itertuples():
+        boot = "–" if math.isnan(r.boot_lo) else f"[{r.boot_lo:.3f}, {r.boot_hi:.3f}]"
+        lines.append(f"| {r.axis} | {r.dose:g} | {r.arm} | {_fmt(r.delta, r.lo, r.hi, r.n)} | {r.reading} | {boot} | "
+                     f"{r.grpo_collapsed} / {r.arm_collapsed} | {r.fisher_p:.3g} |")  # fmt: skip
+    lines += ["", *frontier_sentences(out, summ, plan), ""]
+    records = _plain(
+        {
+            "plan_commit": commit,
+            "runs_not_after_plan": early,
+            "summary": summ.to_dict("records"),
+            "comparisons": comp.to_dict("records"),
+        }
+    )
+    return "\n".join(lines), records
+
+
+def _plain(x):
+    """JSON-ready: numpy scalars as Python numbers, NaN as null."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def frontier_sentences(out: pd.DataFrame, summ: pd.DataFrame, plan: dict) -> list[str]:
+    """Per axis, the frontier in one sentence each (written from the numbers), and the controls' outcome."""
+    said = []
+    for axis, spec in plan["axes"].items():
+        s = summ[summ.axis == axis]
+        if s.empty:
+            continue
+        parts = []
+        for dose, g in s.groupby("dose"):
+            k = {r.arm: f"{r.collapsed}/{r.runs}" for r in g.itertuples()}
+            parts.append(f"dose {dose:g}: collapsed " + ", ".join(f"{a} {v}" for a, v in k.items()))
+        said.append(f"- axis {axis} ({spec['dial']}): " + "; ".join(parts) + ".")
+    pos = summ[summ.axis == "positive"]
+    if not pos.empty:
+        k, n = int(pos.collapsed.sum()), int(pos.runs.sum())
+        fired = "fired in every run" if k == n else f"fired in {k} of {n} runs: the detector failed its control"
+        said.append(f"- positive control ({plan['positive_control']['cell']}): the collapse rule {fired}.")
+    ctl = summ[summ.axis == "control"]
+    if not ctl.empty:
+        arms = ", ".join(f"{r.arm} {r.collapsed}/{r.runs}" for r in ctl.itertuples())
+        said.append(f"- control (LM-head noise): collapsed {arms}, k3 reached {ctl.k3.mean():.2g}.")
+    return said

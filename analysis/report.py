@@ -1190,6 +1190,20 @@ def render(
     return "\n".join(lines) + "\n## How the numbers and verdicts are computed\n\n" + METHOD
 
 
+def _frontier(scale: str, seeds: list[int] | None, overrides) -> tuple[str, dict]:
+    """The routing frontier's section and records (analysis/frontier.py) from figures 13 and 14's finished runs;
+    ("", {}) where none has finished."""
+    from analysis.frontier import AXIS_OF, section
+
+    studies, planned = {}, set()
+    for f in AXIS_OF:
+        own = seeds if seeds is not None else parse_seeds(None, scale, f)
+        configs = figure_configs(f, scale, own, tuple(overrides))
+        planned |= {run_key(c) for _, c in configs}  # a run shared by both figures (dose 0) is planned once
+        studies[f] = load(configs)
+    return section(studies, planned=len(planned))
+
+
 def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int | None = None) -> Path:
     """REPORT.md and REPORT.json (every claim), or with `figure` REPORT-figure-N.md: only the claims measured on
     that figure's sweep, from its runs alone (and the runs of the figures those claims also read). `seeds` None:
@@ -1221,13 +1235,22 @@ def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int |
         print(note)
     path.parent.mkdir(parents=True, exist_ok=True)
     found = results(study, sweeps, claims)
-    path.write_text(render(study, sweeps, scale, seeds, figure, found, per_figure))
+    text = render(study, sweeps, scale, seeds, figure, found, per_figure)
+    frontier, frontier_records = _frontier(scale, given, overrides) if figure is None else ("", {})
+    if frontier:  # before the method, after the claims: the routing frontier, judged as its plan says
+        head, _, method = text.partition("\n## How the numbers and verdicts are computed\n")
+        text = f"{head}\n{frontier}\n## How the numbers and verdicts are computed\n{method}"
+    path.write_text(text)
     written = [path]
     if figure is None:  # the same results as numbers, for text written from them (analysis/readme.py)
         records = path.with_suffix(".json")
         on = [claim_on(c, study, sweeps) for c in claims]
         records.write_text(json.dumps(as_records(claims, found, on), indent=1, allow_nan=False) + "\n")
         written.append(records)
+        if frontier_records:
+            extra = path.with_name("FRONTIER.json")
+            extra.write_text(json.dumps(frontier_records, indent=1, allow_nan=False) + "\n")
+            written.append(extra)
     if study.runs:
         log_outputs(study, "report", {"report": scale, "seeds": ",".join(map(str, seeds))}, written)
     return path
