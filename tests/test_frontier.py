@@ -1,0 +1,122 @@
+"""The routing frontier's analysis (analysis/frontier.py) on synthetic runs built to pass and to fail each reading: the
+plan's cells and arms, collapse counts and their exact intervals, paired readings, Kaplan–Meier, the decisive-dose
+rule, figures 13–14 drawn from it, and the REPORT section's plan check. No training: a few seconds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import frontier
+from analysis.common import PASS1, REWARD, Study, TrackedRun, draw
+from gspo_study.study import figure_configs
+
+PLAN = frontier.load_plan()
+STEPS = 300
+
+
+def _history(run_id: str, run: str, seed: int, crash: int | None, final: float) -> list[tuple]:
+    """A run's reward every step and pass@1 every 50 steps: a learner, or one that crashes at step `crash`."""
+    rows = []
+    for step in range(1, STEPS + 1):
+        reward = 0.55 + 0.2 * step / STEPS if crash is None or step < crash else 0.0
+        rows.append((run, run, seed, run_id, step, REWARD, reward, float(step)))
+    for step in range(0, STEPS + 1, 50):
+        p = 0.6 if step == 0 else (final if crash is None or step < crash else 0.0)
+        rows.append((run, run, seed, run_id, step, PASS1, p, float(step)))
+    return rows
+
+
+def study(figure: int, outcome) -> Study:
+    """Figure `figure`'s planned runs at seeds 1–2, each run's history from `outcome(cfg, run, seed)` →
+    (crash step or None, final pass@1)."""
+    runs, rows = [], []
+    for i, (run, cfg) in enumerate(figure_configs(figure, "cpu", [1, 2])):
+        rid = f"r{figure}-{i}"
+        runs.append(TrackedRun(run, cfg.seed, cfg, rid, {"git_commit": "0" * 40}))
+        rows += _history(rid, run, cfg.seed, *outcome(cfg, run, cfg.seed))
+    frame = pd.DataFrame(rows, columns=["run", "label", "seed", "run_id", "step", "metric", "value", "flops"])
+    return Study(runs, frame, "sqlite:///unused", "study-cpu", runs[0].cfg.out_dir, "steps")
+
+
+def no_replay_fails_at_high_drift(cfg, run, seed):
+    """GRPO without replay crashes from router lr 300 on, its remedy and GSPO never; the positive control crashes all."""
+    if cfg.train.lr > 4e-5:
+        return 40, 0.0
+    if run == "grpo" and cfg.train.router_lr_scale >= 300:
+        return 120, 0.0
+    return None, 0.7 + 0.01 * seed
+
+
+def test_cells_and_arms_follow_the_plan():
+    out = frontier.outcomes(study(13, no_replay_fails_at_high_drift), PLAN)
+    assert set(out.axis) == {"V", "M", "positive"}  # a base run is dose 0 of both axes
+    assert set(out[out.axis == "M"].arm) == {"grpo", "gspo"}  # grpo_r2 is not an arm of axis M
+    assert sorted(out[out.axis == "V"].dose.unique()) == PLAN["axes"]["V"]["doses"]
+
+
+def test_counts_readings_and_the_decisive_dose():
+    out = frontier.outcomes(study(13, no_replay_fails_at_high_drift), PLAN)
+    summ = frontier.summary(out).set_index(["axis", "dose", "arm"])
+    hit = summ.loc[("V", 300.0, "grpo")]
+    assert (hit.collapsed, hit.runs) == (2, 2) and hit.collapsed_lo == pytest.approx(0.158, abs=1e-3)
+    assert summ.loc[("V", 300.0, "grpo_r2")].collapsed == 0
+    assert summ.loc[("positive", 1e-3, "gspo")].collapsed == 2  # the positive control fires in every arm
+    comp = frontier.comparisons(out, PLAN).set_index(["axis", "dose", "arm"])
+    assert comp.loc[("V", 300.0, "grpo_r2")].reading == "difference"  # +0.7 at both seeds
+    assert comp.loc[("V", 1.0, "grpo_r2")].reading.startswith("equivalent")  # the same numbers
+    assert comp.loc[("V", 300.0, "grpo_r2")].fisher_p == pytest.approx(1 / 6)  # 2 of 2 against 0 of 2
+    assert frontier.decisive_dose(out, PLAN, "V") == 300.0  # the largest remedy − no-replay gap
+
+
+def test_readings_can_fail():
+    assert frontier.reading(np.array([0.3, -0.3]), 0.05)[0] == "underpowered"
+    assert frontier.reading(np.array([0.04, 0.05, 0.045]), 0.05)[0] == "difference"
+    assert frontier.reading(np.array([0.001, -0.001, 0.0]), 0.05)[0].startswith("equivalent")
+    assert frontier.reading(np.array([-0.02, 0.0, 0.03, 0.03, 0.06, 0.08]), 0.05)[0] == "inconclusive"
+    none = pd.DataFrame(columns=["axis", "dose", "arm", "seed", "pass_final"])
+    assert frontier.decisive_dose(none, PLAN, "V") is None
+
+
+def test_no_gap_takes_the_highest_dose():
+    out = frontier.outcomes(study(13, lambda cfg, run, seed: (None, 0.7)), PLAN)
+    assert frontier.decisive_dose(out, PLAN, "V") == max(PLAN["axes"]["V"]["doses"])
+
+
+def test_kaplan_meier_against_hand_values():
+    """Product-limit: 4 runs, events at 10 and 20, one censored at 15, one at 30: S = 3/4 after 10, then 3/4 · 1/2."""
+    xs, ys = frontier.kaplan_meier([10, 15, 20, 30], [True, False, True, False])
+    assert xs.tolist() == [0, 10, 20] and ys.tolist() == pytest.approx([1, 0.75, 0.375])
+    xs, ys = frontier.kaplan_meier([300, 300], [False, False])
+    assert ys.tolist() == [1.0]  # nothing collapsed: the curve stays at 1
+
+
+def test_figures_13_and_14_draw_in_range(tmp_path):
+    cal = tmp_path / "calibration.csv"
+    rows = [
+        dict(axis=a, dial=d, dose=x, measure=m, mean=v, sd=v / 3, n=4)
+        for a, d, m in [("V", "train.router_lr_scale", "per_update"), ("M", "rollout.router_noise", "flips_per_layer"),
+                        ("M", "rollout.router_noise", "k3"), ("control", "rollout.head_noise", "k3")]
+        for x, v in [(0.0, 0.0), (0.1, 0.01), (1.0, 0.05), (10.0, 0.2)]
+    ]  # fmt: skip
+    pd.DataFrame(rows).to_csv(cal, index=False)
+    for figure in (13, 14):
+        s = study(figure, no_replay_fails_at_high_drift)
+        panels = frontier.panels(s, figure, PLAN, cal)
+        fig, drawn = draw(s, figure, "t", panels)
+        shares = drawn[drawn.metric.isin([PASS1, "frontier/collapsed", "frontier/survival"])]
+        assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
+        assert (drawn.kind == "reference").sum() >= 1  # the paper's level in the calibration panel
+        assert panels[-1].title.startswith("(e) positive control" if figure == 13 else "(f) control")
+
+
+def test_the_report_section_checks_the_plan_commit():
+    s = {13: study(13, no_replay_fails_at_high_drift)}
+    text, records = frontier.section(s, PLAN, planned=30)
+    assert "runs finished: 30 of 30" in text and "do not descend from the plan's commit" in text  # commit 000…
+    assert records["runs_not_after_plan"] == ["0" * 12]
+    assert "the collapse rule fired in every run" in text
+    assert all(not (isinstance(v, float) and math.isnan(v)) for r in records["summary"] for v in r.values())
