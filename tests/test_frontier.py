@@ -43,7 +43,7 @@ def study(figure: int, outcome) -> Study:
 
 
 def no_replay_fails_at_high_drift(cfg, run, seed):
-    """GRPO without replay crashes from router lr 300 on, its remedy and GSPO never; the positive control crashes all."""
+    """GRPO without replay crashes from router lr 300 on, its remedy and GSPO never; the positive control: all."""
     if cfg.train.lr > 4e-5:
         return 40, 0.0
     if run == "grpo" and cfg.train.router_lr_scale >= 300:
