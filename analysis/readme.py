@@ -320,7 +320,18 @@ def _bench_trl(results: Path = ROOT / "results") -> str:
     )
 
 
+def _calibration(results: Path = ROOT / "results") -> str:
+    """docs/FRONTIER.md: the routing frontier's calibration (results/cpu/calibration.csv, `make calibrate`)."""
+    import pandas as pd
+
+    from gspo_study.calibrate import table
+
+    rows = pd.read_csv(results / "cpu" / "calibration.csv", dtype={"dose": str}).to_dict("records")
+    return table(rows)
+
+
 MEASURED = {
+    ROOT / "docs" / "FRONTIER.md": {"calibration": _calibration},
     ROOT / "docs" / "RELIABILITY.md": {"bench-memory": _bench_memory, "bench-trl": _bench_trl},
     ROOT / "docs" / "SCALE.md": {"gpu-model": _gpu_model, "gpu-scale": _gpu_scale},
 }

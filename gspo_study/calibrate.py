@@ -154,3 +154,39 @@ def write(rows: list[dict], path: Path) -> Path:
     pd.DataFrame(rows, columns=COLUMNS).to_csv(tmp, index=False)
     tmp.replace(path)
     return path
+
+
+MEASURES = {  # the calibration's measures, in the words of the docs table (with the paper's level where known)
+    "per_update": "experts changed per update",
+    "per_update_tokens_any": "tokens changed in ≥ 1 layer, per update",
+    "per_step": "experts changed per step",
+    "flips_per_layer": "routing flips per layer",
+    "tokens_any": "tokens routed differently in ≥ 1 layer",
+    "k3": "k3",
+    "f_tau_2": "F(τ = 2)",
+}
+
+
+def table(rows: list[dict]) -> str:
+    """The calibration as a markdown table: one row per dial and dose, one column per measure (mean ± its standard
+    error over the batches or steps), the paper's level in the heading where it has one (docs/FRONTIER.md)."""
+    by: dict[tuple, dict] = {}
+    for r in rows:
+        by.setdefault((r["axis"], r["dial"], str(r["dose"])), {})[r["measure"]] = r
+    out = []
+    for axis in GRID:
+        keys = [k for k in by if k[0] == axis]
+        measures = [m for m in MEASURES if any(m in by[k] for k in keys)]
+        if not keys:
+            continue
+        head = [f"{MEASURES[m]} (paper: {PAPER[m]:g})" if m in PAPER else MEASURES[m] for m in measures]
+        out += [f"| axis {axis}: dial = dose | " + " | ".join(head) + " |", "|---|" + "---:|" * len(measures)]
+        for k in keys:
+            cells = []
+            for m in measures:
+                r = by[k][m]
+                se = r["sd"] / math.sqrt(r["n"]) if r["n"] > 1 and r["sd"] == r["sd"] else math.nan
+                cells.append(f"{r['mean']:.3g}" + ("" if se != se else f" ± {se:.2g}"))
+            out.append(f"| `{k[1]}={k[2]}` | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
