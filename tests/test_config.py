@@ -121,6 +121,59 @@ def test_later_knobs_at_their_default_keep_run_identity():
     assert coldstart_name(base) == "coldstart-L16" and run_key(eight) != run_key(base)
 
 
+def _with_default(schema: type, dotted: str, value) -> type:
+    """A copy of the config dataclass `schema` whose field `dotted` defaults to `value`, every rule kept."""
+    import typing
+
+    head, _, rest = dotted.partition(".")
+    hints = typing.get_type_hints(schema)
+    specs = []
+    for f in dataclasses.fields(schema):
+        kind, default, factory = hints[f.name], f.default, f.default_factory
+        if f.name == head and rest:
+            kind = factory = _with_default(kind, rest, value)
+        elif f.name == head:
+            default = value
+        specs.append((f.name, kind, dataclasses.field(default=default, default_factory=factory, metadata=f.metadata)))
+    return dataclasses.make_dataclass(schema.__name__, specs)
+
+
+@pytest.mark.parametrize(
+    "dotted, value, keeps_key",
+    [
+        ("algo.rollout_correction_cap", 4.0, True),  # "later": left out of the key at whatever its default is
+        ("train.checkpoint_every", 5, True),  # "never": not a number the run computes
+        ("train.lr", 1e-5, False),  # "identity": a default run is another run (the pinned keys catch it)
+    ],
+)
+def test_a_changed_default_moves_the_identity_tables_with_it(monkeypatch, dotted, value, keeps_key):
+    """A field's rules are stated once, on the field: change a default in a copy of the schema and `LATER_KNOBS`
+    takes the new default (no second place to edit), the other tables stay, and a run at the new defaults keeps
+    or changes its key as the field's identity role says."""
+    from gspo_study import run
+    from gspo_study.config import Config, declared, inert, ranges
+
+    moved = _with_default(Config, dotted, value)
+    section, leaf = dotted.split(".")
+    old = getattr(getattr(Config(), section), leaf)
+    assert getattr(getattr(moved(), section), leaf) == value != old
+    later, was = run.later_knobs(moved), run.later_knobs(Config)
+    if dotted in was:  # a later knob's entry is its default, now the new one
+        assert (was[dotted], later[dotted]) == (old, value)
+    assert {k: v for k, v in later.items() if k != dotted} == {k: v for k, v in was.items() if k != dotted}
+    assert run.non_identity(moved) == run.non_identity(Config) and ranges(moved) == ranges(Config)
+    assert [(k, needs) for k, _, needs, *_ in inert(moved)] == [(k, needs) for k, _, needs, *_ in inert(Config)]
+    assert [d.rules for d in declared(moved)] == [d.rules for d in declared(Config)]
+    before = run.run_key(Config())
+    monkeypatch.setattr(run, "LATER_KNOBS", later)
+    monkeypatch.setattr(run, "NON_IDENTITY", run.non_identity(moved))
+    if dotted in was:  # the old default is now a setting like any other: another run
+        at_old = moved()
+        setattr(getattr(at_old, section), leaf, old)
+        assert run.run_key(at_old) != before
+    assert (run.run_key(moved()) == before) is keeps_key
+
+
 def test_bit_identical_kernels_share_run_identity():
     from gspo_study.run import run_key
 

@@ -17,6 +17,7 @@ from gspo_study.run import resolve_run
 
 MODES = [m for m in CORRECTIONS if m != "none"]
 CAP, GEO, ICE = 3.0, 1.01, (0.5, 2.0)
+BOUNDS = {"cap": CAP, "geo_cap": GEO, "icepop": ICE}
 LENGTHS = (5, 9, 1, 0, 7, 3)
 
 
@@ -111,7 +112,7 @@ def test_each_mode_matches_a_float64_reference(name, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_no_effect_when_the_engines_agree(mode):
     lp, old, _, adv, mask = make()
-    c, metrics = correction_weights(old_logprobs=old, rollout_logprobs=old.clone(), mask=mask, mode=mode)
+    c, metrics = correction_weights(old_logprobs=old, rollout_logprobs=old.clone(), mask=mask, mode=mode, **BOUNDS)
     assert torch.equal(c, mask.double())  # exactly 1 on every valid token
     assert metrics["correction/masked_frac/token"] == metrics["correction/truncated_frac/token"] == 0.0
     assert metrics["correction/weight/mean"] == metrics["correction/ess"] == 1.0
@@ -126,8 +127,8 @@ def test_padding_and_micro_batches_never_change_the_result(mode):
     lp, old, mu, adv, mask = make(seed=3)
     garbage = mu.clone()
     garbage[~mask] = float("nan")
-    c, _ = correction_weights(old_logprobs=old, rollout_logprobs=mu, mask=mask, mode=mode)
-    c2, _ = correction_weights(old_logprobs=old, rollout_logprobs=garbage, mask=mask, mode=mode)
+    c, _ = correction_weights(old_logprobs=old, rollout_logprobs=mu, mask=mask, mode=mode, **BOUNDS)
+    c2, _ = correction_weights(old_logprobs=old, rollout_logprobs=garbage, mask=mask, mode=mode, **BOUNDS)
     assert torch.equal(c, c2)
     obj = get_objective("grpo")
     whole, _ = obj(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, weights=c)

@@ -1,6 +1,9 @@
 """Training numbers are pinned like run identities: the first steps of a handful of smoke runs (tests/golden/regen.py
 says which, and why) give exactly the numbers in tests/golden/numbers.json. A change to the numerics that keeps every
-run key fails here until the file is regenerated on purpose (`python -m tests.golden.regen`, its diff reviewed)."""
+run key fails here until the file is regenerated on purpose (`python -m tests.golden.regen`, its diff reviewed).
+
+The runs, and their cold start, are computed in a child process whose kernels are forced to AVX2 (`regen.FORCED`),
+so any CPU with AVX2 and FMA checks the same numbers; a CPU without them skips."""
 
 from __future__ import annotations
 
@@ -38,19 +41,20 @@ def test_the_pinned_runs_cover_every_objective_replay_mode_dtype_and_a_correctio
     assert {c.algo.old_logprobs for c in cfgs} == {"recompute", "rollout"}
 
 
-def test_training_numbers_are_the_pinned_ones(smoke_results, tmp_path):
-    paths = json.loads(regen.GOLDEN.read_text())["kernel_paths"]
-    path = regen.kernel_path()
-    if path not in paths:
-        pytest.skip(f"no numbers pinned for this CPU's kernel path ({path}); python -m tests.golden.regen adds them")
-    golden = paths[path]
-    assert list(golden["runs"]) == list(regen.RUNS), "run: python -m tests.golden.regen"
-    start = smoke_results / "smoke" / "checkpoints" / "coldstart"
-    moved = moved_numbers({name: regen.run_numbers(name, start, tmp_path) for name in regen.RUNS}, golden["runs"])
+def test_training_numbers_are_the_pinned_ones():
+    golden = json.loads(regen.GOLDEN.read_text())
+    assert golden["forced"] == regen.FORCED and list(golden["runs"]) == list(regen.RUNS), (
+        "the pinned kernels or runs changed: python -m tests.golden.regen"
+    )
+    got = regen.forced_numbers()
+    if got is None:
+        pytest.skip(regen.NO_AVX2)
+    moved = moved_numbers(got["runs"], golden["runs"])
     assert not moved, (
         f"{len(moved)} pinned numbers moved (pinned with torch {golden['torch']}, transformers "
-        f"{golden['transformers']}), e.g. {dict(list(moved.items())[:3])}; if the change is meant: python -m "
-        "tests.golden.regen, and review the diff of tests/golden/numbers.json"
+        f"{golden['transformers']}, {golden['blas']}; here {got['torch']}, {got['transformers']}, {got['blas']}), "
+        f"e.g. {dict(list(moved.items())[:3])}; if the change is meant: python -m tests.golden.regen, and review "
+        "the diff of tests/golden/numbers.json"
     )
 
 

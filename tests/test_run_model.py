@@ -73,6 +73,9 @@ INERT_CASES = [
     (["algo.rollout_correction_geo_cap=1.1"], "only with algo.rollout_correction=geometric_mask"),
     (["train.zero_stage=3"], "only with train.backend=deepspeed"),
     (["sft.check_every=5"], "only with sft.target_pass1 set"),
+    (["rollout.engine=vllm", "rollout.router_precision=bfloat16"], "only with rollout.engine=hf"),
+    (["rollout.engine=vllm", "rollout.router_noise=0.5"], "rollout.router_noise"),
+    (["rollout.engine=vllm_server", "rollout.head_noise=0.5"], "rollout.head_noise"),
 ]
 WARN_CASES = [
     (

@@ -70,9 +70,9 @@ def correction_weights(
     rollout_logprobs: Tensor,
     mask: Tensor,
     mode: str,
-    cap: float = 3.0,
-    geo_cap: float = 1.01,
-    icepop: tuple[float, float] = (0.5, 2.0),
+    cap: float,
+    geo_cap: float,
+    icepop: tuple[float, float],
 ) -> tuple[Tensor, dict[str, float]]:
     """(c [B, T] float64, 0 on padding; metrics) for `mode` (module docstring); logprobs [B, T] over the same
     positions as `mask`. Metrics are over the mode's units — tokens for token modes, responses with a valid

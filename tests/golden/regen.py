@@ -13,17 +13,19 @@ while the code computes something else. `tests/test_golden_numbers.py` fails whe
 
 The runs together cover every objective, every replay mode (none / R2 / R3), both engine dtypes (float32 /
 bfloat16), a train–inference correction, π_old from the rollout engine and the token-mean aggregation; each starts
-from the smoke scale's cold start (`run_sft` of experiments/smoke/base.yaml, as tests/conftest.py's fixture).
+from the smoke scale's cold start (`run_sft` of experiments/smoke/base.yaml).
 
-Numbers are bit-identical only along one kernel path (docs/RELIABILITY.md: the CPU's vector extensions choose the
-kernels torch, MKL and oneDNN run), so the file holds one entry per path (`kernel_path`: the CPU's AVX / AMX
-flags), with the torch and transformers it was written with; regenerating rewrites this machine's entry and keeps
-the others. On a path without an entry the test skips, naming this command.
+The numbers are computed in a child process whose kernels are forced to one instruction set (`FORCED`: ATen's
+AVX2 kernels, MKL's reproducible SSE2 branch, oneDNN off), so that any CPU with AVX2 and FMA gives them — not the
+CPU's own best kernels, whose numbers differ by machine (docs/RELIABILITY.md) — and the child trains its own smoke
+cold start under the same forcing. A CPU without AVX2 skips the test.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -78,20 +80,72 @@ def run_numbers(name: str, start: Path, results_dir: Path) -> list[dict[str, flo
     return [{k: v for k, v in sorted(m.items()) if k not in WALL_CLOCK} for m in steps]
 
 
-def kernel_path() -> str:
-    """This CPU's AVX and AMX extensions (the provenance.cpu_flags tag's), which choose the kernels a run takes."""
+# The kernels the pinned numbers are computed with, whatever the CPU, set in the child's environment before torch
+# loads. Each was measured on an AVX-512-BF16 CPU (docs/LOG.md): ATen's and MKL's settings each move the numbers
+# there, and the child gives the same numbers run after run.
+FORCED = {
+    "ATEN_CPU_CAPABILITY": "avx2",  # ATen's own kernels (DispatchStub): their AVX2 + FMA build, on any CPU
+    # MKL's BLAS (every fp32 matmul) on its Conditional Numerical Reproducibility branch meant to give the same bits
+    # on any Intel or compatible CPU (SSE2). The MKL torch links here reads the other branch names (AVX2, AVX512) as
+    # AUTO, the CPU's own branch, and ignores MKL_ENABLE_INSTRUCTIONS: neither would pin anything.
+    "MKL_CBWR": "COMPATIBLE",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # should anything reach oneDNN (the child turns torch's use of it off)
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+NO_AVX2 = "this CPU lacks AVX2 or FMA, the instructions of the kernels the golden numbers are pinned on"
+
+
+def has_avx2() -> bool:
+    """Whether this CPU has AVX2 and FMA, what ATen's AVX2 kernels need. Asked before the child starts: torch takes
+    ATEN_CPU_CAPABILITY at its word, so on a CPU without them the child would die of an illegal instruction."""
     from gspo_study.provenance import PREFIX, tags
 
-    flags = tags("cpu", "fp32")[PREFIX + "cpu_flags"].split()
-    return " ".join(f for f in flags if f.startswith(("avx", "amx"))) or "no avx"
+    return {"avx2", "fma"} <= set(tags("cpu", "fp32")[PREFIX + "cpu_flags"].split())
 
 
 def numbers(start: Path, results_dir: Path) -> dict:
-    """This kernel path's entry: the libraries, and every run's numbers."""
-    import transformers
+    """The libraries and BLAS, and every run's numbers, computed in this process."""
+    from gspo_study.provenance import PREFIX, tags
 
     runs = {name: run_numbers(name, start, results_dir) for name in RUNS}
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "runs": runs}
+    lib = tags("cpu", "fp32")
+    return {key: lib[PREFIX + key] for key in ("torch", "transformers", "blas")} | {"runs": runs}
+
+
+def forced_child(out: Path) -> int:
+    """The child's side (`--forced-child OUT`), under `FORCED` and with oneDNN off: train the smoke cold start, then
+    the pinned runs; their numbers to `out`."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":  # a torch built without AVX2 kernels
+        print(f"ATen runs {torch.backends.cpu.get_cpu_capability()} kernels here, not AVX2", file=sys.stderr)
+        return 1
+    # a bf16 matmul takes oneDNN's AVX-512-BF16 kernel where the CPU has one and MKL's elsewhere: MKL's everywhere
+    torch.backends.mkldnn.enabled = False
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        entry = numbers(coldstart(Path(tmp)), Path(tmp) / "runs")
+    out.write_text(json.dumps(entry))
+    return 0
+
+
+def forced_numbers(timeout: float = 600) -> dict | None:
+    """The pinned runs' numbers (`numbers`) from a child process under `FORCED`; None on a CPU without AVX2."""
+    if not has_avx2():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "numbers.json"
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.golden.regen", "--forced-child", str(out)],
+            cwd=ROOT,
+            env={**os.environ, **FORCED},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if child.returncode != 0:
+            tail = " | ".join(child.stderr.strip().splitlines()[-3:])
+            raise RuntimeError(f"the golden runs' child process failed (exit {child.returncode}): {tail}")
+        return json.loads(out.read_text())
 
 
 def figure_labels() -> dict[str, list[str]]:
@@ -128,15 +182,17 @@ def add_run_keys() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "--run-keys" in (sys.argv[1:] if argv is None else argv):
+    args = sys.argv[1:] if argv is None else argv
+    if "--run-keys" in args:
         return add_run_keys()
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        entry = numbers(coldstart(Path(tmp)), Path(tmp) / "runs")
-    paths = json.loads(GOLDEN.read_text())["kernel_paths"] if GOLDEN.exists() else {}
-    paths[kernel_path()] = entry
-    GOLDEN.write_text(json.dumps({"kernel_paths": dict(sorted(paths.items()))}, indent=1) + "\n")
-    print(f"wrote {GOLDEN.relative_to(ROOT)}: {len(RUNS)} runs x {STEPS} steps for kernel path {kernel_path()!r}")
+    if "--forced-child" in args:
+        return forced_child(Path(args[args.index("--forced-child") + 1]))
+    entry = forced_numbers()
+    if entry is None:
+        print(f"not written: {NO_AVX2}", file=sys.stderr)
+        return 1
+    GOLDEN.write_text(json.dumps({"forced": FORCED, **entry}, indent=1) + "\n")
+    print(f"wrote {GOLDEN.relative_to(ROOT)}: {len(RUNS)} runs x {STEPS} steps under {FORCED}")
     return 0
 
 
