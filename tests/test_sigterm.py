@@ -151,11 +151,12 @@ def _stop_in(monkeypatch, capsys, argv: list[str], at: str, grace: float | None,
 
 
 # (SIGTERM on entry into, grace, what follows it, exit status, the stop's line); each resumes the one before.
-# train.steps=5, evaluations at 0, 2, 4, 5, checkpoints at 3 and 5, 4 micro-batches per no-grad pass.
+# train.steps=5, evaluations at 0, 2, 4, 5, checkpoints at 3 and 5, 4 micro-batches per no-grad pass. A grace of
+# 1 ms: a smoke rollout or update can end inside 50 ms on a fast CPU, and then the stop falls to the next stop point.
 PHASES = [
     ("evaluation@1", None, None, 143, "inside the start's evaluation (at a stop point), no step finished yet"),
-    ("rollout@2", 0.05, None, 143, "inside step 2's rollout (the 0.05 s grace ran out), checkpointed at step 1"),
-    ("update@2", 0.05, None, 143, "inside step 3's update (the 0.05 s grace ran out), its checkpoint of step 1 "
+    ("rollout@2", 0.001, None, 143, "inside step 2's rollout (the 0.001 s grace ran out), checkpointed at step 1"),
+    ("update@2", 0.001, None, 143, "inside step 3's update (the 0.001 s grace ran out), its checkpoint of step 1 "
      "stands (the rerun redoes steps 2-2, logging each once)"),
     ("evaluation@1", None, None, 143, "inside step 2's evaluation (at a stop point), checkpointed at step 1"),
     ("telemetry@2", None, None, 143, "stopped after step 3 of 5, checkpointed"),  # step 3 ends first: no loss
