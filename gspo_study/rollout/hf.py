@@ -3,7 +3,8 @@
 Why not `model.generate`: we need the sampled tokens' log-probs under the engine (for
 `old_logprobs: rollout`, §5.4), routing recorded across prefill and every decode step (R3), one explicit
 `torch.Generator` per rollout (so every algorithm of a seed draws from the same random stream), and few
-Python steps per token. The engine can run a separate lower-precision copy of the policy
+Python steps per token. The prompts' prefill runs over 4 copies of each prompt, not its G rows, where that leaves
+every bit as it was (gspo_study.rollout.prefill). The engine can run a separate lower-precision copy of the policy
 (`rollout.dtype: bfloat16`), or a perturbed copy (`rollout.router_precision`, `router_noise`, `head_noise`:
 gspo_study.rollout.perturb), to study train–inference mismatch; `sync` copies the trainer's weights in.
 """
@@ -17,7 +18,8 @@ import torch
 from transformers import DynamicCache
 
 from gspo_study.errors import NonFiniteError
-from gspo_study.moe import record_routing
+from gspo_study.moe import RoutingTrace, record_routing
+from gspo_study.rollout import prefill
 from gspo_study.rollout.base import RolloutBatch, encode_prompts, position_ids_from_mask  # noqa: F401 (re-exported)
 from gspo_study.rollout.perturb import Perturbation, PerturbedCopy
 
@@ -76,60 +78,85 @@ class HFEngine:
             generator = [torch.Generator().manual_seed(int(s)) for s in row_seeds]
         if self.perturbed is not None:
             self.perturbed.reseed(generator)
+        trace = RoutingTrace() if capture_routing else None
         was_training = self.model.training
         self.model.eval()
         try:
-            with record_routing(self.model) if capture_routing else contextlib.nullcontext() as trace:
-                out = self._decode(seq, mask, max_new_tokens, temperature, generator, greedy)
+            out = self._decode(seq, mask, max_new_tokens, temperature, generator, greedy, trace)
         finally:
             self.model.train(was_training)
         return self._to_batch(mask, *out, routing=trace)
 
-    def _decode(self, seq, mask, max_new_tokens, temperature, generator, greedy):
+    def _logits(self, ids, mask, pos, cache) -> torch.Tensor:
+        """The last position's logits [B, V], float32 on the CPU (the model may sit on a GPU)."""
+        device = next(self.model.parameters()).device
+        out = self.model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=pos.to(device),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float().cpu()
+
+    def _prefill(self, seq, mask, cache, trace) -> torch.Tensor:
+        """The prompts' forward: its logits [B, V], the cache filled, the routing appended to `trace`. Over
+        `prefill.COPIES` copies of each distinct prompt where that gives every row the same bits (gspo_study.rollout
+        .prefill; not under router noise, whose draws follow the batch's shape), handed to all its rows after."""
+        noisy = self.perturbed is not None and self.perturbed.perturbation.router_noise > 0
+        shared = None if noisy or not prefill.exact(self.model) else prefill.plan(seq, mask)
+        if shared is not None:
+            seq, mask = seq[shared.keep], mask[shared.keep]
+        with record_routing(self.model) if trace is not None else contextlib.nullcontext() as recorded:
+            logits = self._logits(seq, mask, position_ids_from_mask(mask), cache)
+        if shared is not None:
+            logits = logits[shared.stand_in]
+            cache.batch_select_indices(shared.stand_in.to(next(self.model.parameters()).device))
+        if trace is not None:
+            for layer, ids in recorded.indices.items():
+                trace.append(layer, ids if shared is None else ids[shared.stand_in])
+        return logits
+
+    def _decode(self, seq, mask, max_new_tokens, temperature, generator, greedy, trace):
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         cache = DynamicCache(config=self.model.config)
-        step_ids, pos = seq, position_ids_from_mask(mask)
         finished = torch.zeros(seq.shape[0], dtype=torch.bool)
         tokens, logps, alive = [], [], []
-        device = next(self.model.parameters()).device  # the model may sit on a GPU; sampling stays on the CPU
-        for step in range(max_new_tokens):
-            logits = (
-                self.model(
-                    input_ids=step_ids.to(device),
-                    attention_mask=mask.to(device),
-                    position_ids=pos.to(device),
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                .logits[:, -1]
-                .float()
-                .cpu()
-            )
-            if self.perturbed is not None:
-                logits = self.perturbed.head(logits)
-            if not torch.isfinite(logits).all():
-                raise NonFiniteError(f"the policy produced non-finite logits at decode step {step}; the run diverged")
-            logprobs = torch.log_softmax(logits / temperature, dim=-1)
-            if greedy:
-                tok = logprobs.argmax(-1)
-            elif isinstance(generator, list):  # one stream per row
-                probs = logprobs.exp()
-                tok = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)])
-            else:
-                tok = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
-            tok_logp = logprobs.gather(-1, tok[:, None]).squeeze(-1)
-            live = ~finished
-            tok = torch.where(live, tok, torch.full_like(tok, pad))
-            tokens.append(tok)
-            logps.append(torch.where(live, tok_logp, torch.zeros_like(tok_logp)))
-            alive.append(live)
-            finished = finished | (tok == eos)
-            if finished.all() or step == max_new_tokens - 1:
-                break  # the last sampled token is never fed through the model
-            mask = torch.cat([mask, live.long()[:, None]], dim=1)
-            step_ids, pos = tok[:, None], (mask.sum(-1, keepdim=True) - 1)
+        logits = self._prefill(seq, mask, cache, trace)
+        with record_routing(self.model) if trace is not None else contextlib.nullcontext() as recorded:
+            for step in range(max_new_tokens):
+                tok, tok_logp = self._sample(logits, step, temperature, generator, greedy)
+                live = ~finished
+                tok = torch.where(live, tok, torch.full_like(tok, pad))
+                tokens.append(tok)
+                logps.append(torch.where(live, tok_logp, torch.zeros_like(tok_logp)))
+                alive.append(live)
+                finished = finished | (tok == eos)
+                if finished.all() or step == max_new_tokens - 1:
+                    break  # the last sampled token is never fed through the model
+                mask = torch.cat([mask, live.long()[:, None]], dim=1)
+                logits = self._logits(tok[:, None], mask, mask.sum(-1, keepdim=True) - 1, cache)
+        if trace is not None:
+            for layer, ids in recorded.indices.items():
+                trace.append(layer, ids)
         return seq, torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(alive, 1), finished
+
+    def _sample(self, logits, step, temperature, generator, greedy) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token of every row and its log-prob under the engine."""
+        if self.perturbed is not None:
+            logits = self.perturbed.head(logits)
+        if not torch.isfinite(logits).all():
+            raise NonFiniteError(f"the policy produced non-finite logits at decode step {step}; the run diverged")
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        if greedy:
+            tok = logprobs.argmax(-1)
+        elif isinstance(generator, list):  # one stream per row
+            probs = logprobs.exp()
+            tok = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)])
+        else:
+            tok = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+        return tok, logprobs.gather(-1, tok[:, None]).squeeze(-1)
 
     def _to_batch(self, prompt_mask, seq, tokens, logps, alive, finished, routing) -> RolloutBatch:
         (B, N), prompt_len = tokens.shape, seq.shape[1]
