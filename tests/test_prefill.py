@@ -107,3 +107,9 @@ def test_no_shortcut_off_the_probed_machine_or_kernel(tok):
     model = build_model("qwen3-moe-smoke", tok, seed=3, experts_implementation="eager")
     assert not prefill.exact(model)  # a kernel whose products the probe does not know
     assert not prefill.exact(build_model("qwen3-moe-smoke", tok, seed=3).to(torch.bfloat16))
+    zero = build_model("qwen3-moe-smoke", tok, seed=3)
+    next(zero.parameters()).ds_id = 0  # a DeepSpeed ZeRO parameter: not held whole, its shape not the product's
+    assert not prefill.exact(zero)
+    zero = build_model("qwen3-moe-smoke", tok, seed=3)
+    zero.lm_head.weight = torch.nn.Parameter(torch.empty(0))  # ZeRO-3's partitioned stand-in (a 1-D placeholder)
+    assert not prefill.exact(zero)

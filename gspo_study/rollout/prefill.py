@@ -80,13 +80,18 @@ def _grouped_op(weight: torch.Tensor, transposed: bool) -> Callable[[torch.Tenso
     return op
 
 
-def _products(model: nn.Module) -> dict[tuple, tuple[Callable[[torch.Tensor], torch.Tensor], int]]:
+def _products(model: nn.Module) -> dict[tuple, tuple[Callable[[torch.Tensor], torch.Tensor], int]] | None:
     """One probe (op, input width) per distinct product of the model's forward: dense projections, routers and the
-    experts' grouped GEMMs, keyed by weight shape, strides and layout."""
+    experts' grouped GEMMs, keyed by weight shape, strides and layout; None where a weight is not held whole here
+    (DeepSpeed ZeRO's partitioned or flattened parameters: their shapes are not the product's)."""
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return None
     found = {}
     for module in model.modules():
         if isinstance(module, (nn.Linear, *ROUTER_TYPES)):
             w = module.weight.detach()
+            if w.dim() != 2:
+                return None
             found[("linear", tuple(w.shape), w.stride())] = (lambda x, w=w: F.linear(x, w), w.shape[1])
         for name in ("gate_up_proj", "down_proj"):
             w = getattr(module, name, None)
@@ -106,5 +111,6 @@ def exact(model: nn.Module) -> bool:
         p = next(model.parameters())
         ok = p.device.type == "cpu" and p.dtype == torch.float32
         ok = ok and getattr(model.config, "_experts_implementation", None) in GROUPED
-        per_model[threads] = ok and all(rows_exact(op, width) for op, width in _products(model).values())
+        products = _products(model) if ok else None
+        per_model[threads] = products is not None and all(rows_exact(op, w) for op, w in products.values())
     return per_model[threads]
