@@ -320,6 +320,11 @@ def _bench_trl(results: Path = ROOT / "results") -> str:
     )
 
 
+def _telemetry_subsample(results: Path = ROOT / "results") -> str:
+    """docs/METRICS.md: the routing telemetry's cost and error by `telemetry.route_rows` (results/bench_telemetry.json)."""
+    return _script("bench_telemetry").table(json.loads((results / "bench_telemetry.json").read_text()))
+
+
 def _calibration(results: Path = ROOT / "results") -> str:
     """docs/FRONTIER.md: the routing frontier's calibration (results/cpu/calibration.csv, `make calibrate`)."""
     import pandas as pd
@@ -332,6 +337,7 @@ def _calibration(results: Path = ROOT / "results") -> str:
 
 MEASURED = {
     ROOT / "docs" / "FRONTIER.md": {"calibration": _calibration},
+    ROOT / "docs" / "METRICS.md": {"telemetry-subsample": _telemetry_subsample},
     ROOT / "docs" / "RELIABILITY.md": {"bench-memory": _bench_memory, "bench-trl": _bench_trl},
     ROOT / "docs" / "SCALE.md": {"gpu-model": _gpu_model, "gpu-scale": _gpu_scale},
 }

@@ -64,6 +64,7 @@ def main() -> int:
             f"results_dir={tmp}",
             f"tracking.uri=sqlite:///{tmp}/m.db",
             f"threads={args.threads}",
+            "telemetry.route_rows=1",  # the step's own telemetry at every row: the reference each share is read against
         ],
     )
     ctx = trainer.setup(resolve_run(cfg))
@@ -121,6 +122,25 @@ def main() -> int:
             + "\n"
         )
     return 0
+
+
+def table(d: dict) -> str:
+    """docs/METRICS.md: the telemetry's share of a step at each `telemetry.route_rows`, and each reading's standard
+    error and bias at the subsample shares against its whole-batch value (results/bench_telemetry.json)."""
+    s = d["summary"]
+    shares = sorted(s["telemetry_share_of_step"], key=float, reverse=True)
+    cost = ", ".join(f"{float(k):g}: {s['telemetry_share_of_step'][k]:.1%}" for k in shares)
+    lines = [
+        f"The telemetry's share of a step (`benchmarks/bench_telemetry.py`, {len(d['steps'])} steps of figure 11's "
+        f"GRPO at the CPU base's batch, {d['threads']} thread(s), {d['machine']}), by `route_rows`: {cost}.",
+        "",
+        "| reading | whole-batch mean | " + " | ".join(f"SE at {k} | bias at {k}" for k in shares if k != "1.0") + " |",
+        "|---|---|" + "---|---|" * (len(shares) - 1),
+    ]
+    for k in READINGS:
+        cells = [f"{s[f'se_at_{x}'][k]:.2g} | {s[f'bias_at_{x}'][k]:+.2g}" for x in shares if x != "1.0"]
+        lines.append(f"| `{k}` | {s['full_value_mean'][k]:.3g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

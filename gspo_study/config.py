@@ -374,9 +374,10 @@ class TrackingConfig:
 class TelemetryConfig:
     """Diagnostics that never change a run's training numbers (not part of its identity)."""
 
-    route_rows: float = knob(1.0, range=_SHARE)
+    route_rows: float = knob(0.25, range=_SHARE)
     """Share of the rollout's responses (a seeded draw per step) that the routing telemetry's two extra forwards
-    read (`moe/routing_volatility/*` after the step, `moe/route/*`); 1: all."""
+    read (`moe/routing_volatility/*` after the step, `moe/route/*`); 1: all. 0.25 (figures 11-14's setting): its
+    cost and standard error in docs/METRICS.md. Figures 1-10's shipped runs read every response (1)."""
 
 
 @dataclass
