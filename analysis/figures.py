@@ -394,10 +394,13 @@ def _cat(*frames):
     return pd.concat([f for f in frames if not f.empty], ignore_index=True)
 
 
-def load_figure(figure: int, scale: str, seeds: list[int], overrides=(), x: str = "compute") -> Study:
-    """The figure's tracked runs; a missing or unfinished one is an error naming what to train."""
+def load_figure(
+    figure: int, scale: str, seeds: list[int], overrides=(), x: str = "compute", partial: bool = False
+) -> Study:
+    """The figure's tracked runs; a missing or unfinished one is an error naming what to train (`partial`: drawn
+    without it, the title saying how many of the figure's runs are in, unless none is)."""
     study = load(figure_configs(figure, scale, seeds, tuple(overrides)), x)
-    if study.missing:
+    if study.missing and not (partial and study.runs):
         what = ", ".join(f"{run} seed {seed} ({why})" for run, seed, why in study.missing)
         todo = ",".join(str(s) for s in sorted({seed for _, seed, _ in study.missing}))
         cmd = " ".join([f"python -m gspo_study sweep --figure {figure} --scale {scale} --seeds {todo}", *overrides])
@@ -408,17 +411,24 @@ def load_figure(figure: int, scale: str, seeds: list[int], overrides=(), x: str 
     return study
 
 
-def make_figure(figure: int, scale: str, seeds: list[int], overrides=(), x: str = "compute") -> list[Path]:
-    """Draw, save and log figure N; returns the png, pdf and csv paths."""
+def make_figure(
+    figure: int, scale: str, seeds: list[int], overrides=(), x: str = "compute", partial: bool = False
+) -> list[Path]:
+    """Draw, save and log figure N; returns the png, pdf and csv paths (`partial`: from the finished runs alone)."""
     from analysis.common import save
 
     if figure not in FIGURES:
         raise ConfigError(f"unknown figure {figure}; allowed: {', '.join(map(str, FIGURES))}")
-    study = load_figure(figure, scale, seeds, overrides, x)
+    study = load_figure(figure, scale, seeds, overrides, x, partial)
     note = draw_notice(study.out_dir, {run_key(r.cfg): r.tags for r in study.runs}, f"figure {figure}")
     if note:  # another machine or library draw than the shipped study's: say so, in one line
         print(note)
-    fig, rows = draw(study, figure, figure_spec(figure)["title"], FIGURES[figure](study))
+    title = figure_spec(figure)["title"]
+    if study.missing:  # a partly trained figure (--partial): say so where the reader looks first
+        done = len(study.runs)
+        title = f"{title}\n(partial: {done} of {done + len(study.missing)} runs finished)"
+        print(f"figure {figure}: drawn from {done} finished runs; {len(study.missing)} not yet trained")
+    fig, rows = draw(study, figure, title, FIGURES[figure](study))
     paths = save(fig, rows, study.out_dir, f"figure-{figure}")
     tags = {"figure": str(figure), "scale": scale, "seeds": ",".join(map(str, seeds)), "x": x}
     log_outputs(study, f"figure-{figure}", tags, paths)
@@ -431,11 +441,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
     p.add_argument("--seeds", help="e.g. 1,2,3 (default: the scale's default seeds)")
     p.add_argument("--x", choices=("compute", "steps"), default="compute", help="x axis of curves")
+    p.add_argument("--partial", action="store_true", help="draw the finished runs of a partly trained figure")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run (e.g. results_dir=)")
     args = p.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds, args.scale, args.figure)
-        paths = make_figure(args.figure, args.scale, seeds, args.overrides, args.x)
+        paths = make_figure(args.figure, args.scale, seeds, args.overrides, args.x, args.partial)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
