@@ -207,19 +207,19 @@ def test_steps_axis(study):
     check_csv(csv, 3, pairs, histories(client, pairs))
 
 
-def test_missing_run_is_a_one_line_error(study, capsys):
+def test_missing_run_is_a_one_line_error(study, capsys, tmp_path):
     _, overrides = study
     assert figures.main(["--figure", "1", "--scale", "smoke", "--seeds", "9", *overrides]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "gspo seed 9" in err and "gspo_study sweep --figure 1" in err
     # --partial: still the error when no run of the figure is in; drawn from the finished runs when some are
     assert figures.main(["--figure", "1", "--scale", "smoke", "--seeds", "9", "--partial", *overrides]) == 2
-    root, (_, *store) = study
-    out = [f"results_dir={root / 'partial'}", *store]
+    _, (_, *store) = study  # the figure's files go to a private root: the study root is checked for strays
+    out = [f"results_dir={tmp_path}", *store]
     assert figures.main(["--figure", "1", "--scale", "smoke", "--seeds", "1,9", "--partial", *out]) == 0
     said = capsys.readouterr().out
     assert "drawn from 2 finished runs; 2 not yet trained" in said, said
-    csv = pd.read_csv(root / "partial" / "smoke" / "figure-1.csv")
+    csv = pd.read_csv(tmp_path / "smoke" / "figure-1.csv")
     assert set(csv.n_seeds.dropna().astype(int)) == {1}
 
 
