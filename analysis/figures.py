@@ -386,8 +386,16 @@ def figure_14(s: Study) -> list[Panel]:
     return panels(s, 14)
 
 
+def figure_15(s: Study) -> list[Panel]:
+    """The routing frontier's decisive stage: every arm at dose 0 and at each axis's decisive dose, 8 paired seeds."""
+    from analysis.frontier import decisive_panels
+
+    return decisive_panels(s)
+
+
 FIGURES[13] = figure_13
 FIGURES[14] = figure_14
+FIGURES[15] = figure_15
 
 
 def _cat(*frames):

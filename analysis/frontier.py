@@ -63,10 +63,12 @@ def cells(cfg, plan: dict) -> list[Cell]:
     return [Cell("V", v), Cell("M", m)]
 
 
-def arms_of(plan: dict, axis: str) -> list[str]:
-    """The arms the plan gives an axis (or the control, the positive control)."""
+def arms_of(plan: dict, axis: str, decisive: bool = False) -> list[str]:
+    """The arms the plan gives an axis (or the control, the positive control); with `decisive`, an axis's also
+    include the decisive stage's (every arm at dose 0 and at the decisive dose)."""
     spec = {"positive": plan["positive_control"], "control": plan["control"]}.get(axis) or plan["axes"][axis]
-    return list(spec["arms"])
+    extra = plan["decisive"]["arms"] if decisive and axis in plan["axes"] else []
+    return list(dict.fromkeys([*spec["arms"], *extra]))
 
 
 def _curve(study: Study, metric: str, run_id: str) -> pd.DataFrame:
@@ -80,15 +82,16 @@ def _mean(study: Study, metric: str, run_id: str) -> float:
     return float(f.value.mean()) if len(f) else math.nan
 
 
-def outcomes(study: Study, plan: dict) -> pd.DataFrame:
-    """One row per (axis, dose, arm, seed) of the study's tracked runs."""
+def outcomes(study: Study, plan: dict, decisive: bool = False) -> pd.DataFrame:
+    """One row per (axis, dose, arm, seed) of the study's tracked runs (`decisive`: the decisive stage's arms too,
+    `arms_of`)."""
     version = int(plan["collapse_rule"]["version"])
     rows = []
     for r in study.runs:
         rw, p1 = _curve(study, REWARD, r.run_id), _curve(study, PASS1, r.run_id)
         c = collapse(rw.step.to_numpy(), rw.value.to_numpy(), p1.step.to_numpy(), p1.value.to_numpy(), version)
         last = int(rw.step.max()) if len(rw) else 0
-        for cell in (c for c in cells(r.cfg, plan) if r.run in arms_of(plan, c.axis)):
+        for cell in (c for c in cells(r.cfg, plan) if r.run in arms_of(plan, c.axis, decisive)):
             rows.append(
                 dict(
                     axis=cell.axis,
@@ -205,25 +208,33 @@ def kaplan_meier(steps, events) -> tuple[np.ndarray, np.ndarray]:
     return np.array(xs), np.array(ys)
 
 
-def decisive_dose(out: pd.DataFrame, plan: dict, axis: str) -> float | None:
-    """The plan's decisive dose of an axis: the non-zero pilot dose with the largest mean (remedy − GRPO without
-    replay) in final pass@1; the highest dose when no dose shows a positive gap; None before any run."""
+def dose_gaps(out: pd.DataFrame, plan: dict, axis: str) -> dict[float, float]:
+    """Per non-zero dose of an axis, the pilot's mean over its seeds of (remedy − GRPO without replay) in final
+    pass@1: what the plan's decisive-dose rule compares (the pilot's seeds alone, whatever else `out` holds)."""
     spec = plan["axes"][axis]
     remedy, doses = spec["remedy"], [float(d) for d in spec["doses"][1:]]
-    g = out[(out.axis == axis) & out.dose.isin(doses)]
+    g = out[(out.axis == axis) & out.dose.isin(doses) & out.seed.isin(plan["pilot"]["seeds"])]
     gaps = {}
     for dose, d in g.groupby("dose"):
         wide = d.pivot_table(index="seed", columns="arm", values="pass_final")
         if {remedy, BASELINE} <= set(wide.columns):
             gaps[float(dose)] = float((wide[remedy] - wide[BASELINE]).mean())
+    return gaps
+
+
+def decisive_dose(out: pd.DataFrame, plan: dict, axis: str) -> float | None:
+    """The plan's decisive dose of an axis: the non-zero pilot dose with the largest mean (remedy − GRPO without
+    replay) in final pass@1; the highest dose when no dose shows a positive gap; None before any run."""
+    gaps = dose_gaps(out, plan, axis)
     if not gaps:
         return None
     best = max(gaps, key=gaps.get)
-    return best if gaps[best] > 0 else max(doses)
+    return best if gaps[best] > 0 else max(float(d) for d in plan["axes"][axis]["doses"])
 
 
 # ------------------------------------------------------------------------------------------------ figures 13 and 14
-AXIS_OF = {13: "V", 14: "M"}
+AXIS_OF = {13: "V", 14: "M"}  # the pilot's figures, one axis each
+FIGURES = (13, 14, 15)  # with figure 15, the decisive stage (every arm at dose 0 and each axis's decisive dose)
 CALIBRATION = {  # per axis: (dial, measure, y label, the paper's value or None)
     "V": [("train.router_lr_scale", "per_update", "activated experts changed per update", 0.10)],
     "M": [
@@ -349,6 +360,50 @@ def panels(study: Study, figure: int, plan: dict | None = None, calibration: Pat
     return result
 
 
+def decisive_panels(study: Study, plan: dict | None = None) -> list:
+    """Figure 15, the decisive stage: per axis, at dose 0 and at its decisive dose, every arm's final pass@1
+    [95 % t], its share collapsed [exact 95 %], its paired Δ final pass@1 against GRPO without replay [95 % t] with
+    the plan's margin ±δ, and Kaplan–Meier at the decisive dose."""
+    from analysis.common import COLUMNS, Panel, csv_row, label
+
+    plan = plan or load_plan()
+    out = outcomes(study, plan, decisive=True)
+    summ, comp, letters, result = summary(out), comparisons(out, plan), iter("abcdefghij"), []
+    margin = float(plan["margin"])
+    for axis in plan["axes"]:
+        dial = plan["axes"][axis]["dial"]
+        t = summ[summ.axis == axis].assign(share=lambda d: d.collapsed / d.runs)
+        if t.empty:
+            continue
+        x = f"dose ({dial})"
+        p = next(letters)
+        rows = [_row(p, "bar", label(r.arm), r.arm, "eval/pass@1", dial, r.dose, r.pass_final,
+                     max(r.pass_lo, 0.0), min(r.pass_hi, 1.0), int(r.n), step=r.dose) for r in t.itertuples()]  # fmt: skip
+        result.append(Panel(pd.DataFrame(rows, columns=COLUMNS), f"({p}) axis {axis}: final held-out pass@1",
+                            "mean pass@1 (95 % t)", x))  # fmt: skip
+        p = next(letters)
+        rows = [_row(p, "bar", label(r.arm), r.arm, "frontier/collapsed", dial, r.dose, r.share, r.collapsed_lo,
+                     r.collapsed_hi, int(r.runs), step=r.dose) for r in t.itertuples()]  # fmt: skip
+        rule = plan["collapse_rule"]["version"]
+        result.append(Panel(pd.DataFrame(rows, columns=COLUMNS), f"({p}) axis {axis}: runs collapsed (rule v{rule})",
+                            "share of runs (exact 95 %)", x))  # fmt: skip
+        p = next(letters)
+        c = comp[comp.axis == axis]
+        rows = [_row(p, "bar", label(r.arm), r.arm, "frontier/delta_pass@1", dial, r.dose, r.delta, r.lo, r.hi,
+                     int(r.n), step=r.dose) for r in c.itertuples()]  # fmt: skip
+        refs = [csv_row(panel=p, kind="reference", series=f"margin {sign}{margin:g}", run="", metric="frontier/margin",
+                        x_name="", mean=sign_v * margin, n_seeds=0) for sign, sign_v in (("+", 1), ("−", -1))]  # fmt: skip
+        result.append(Panel(pd.DataFrame([*rows, *refs], columns=COLUMNS),
+                            f"({p}) axis {axis}: Δ final pass@1 vs GRPO (paired)",
+                            "Δ pass@1 (95 % t)", x))  # fmt: skip
+        top = max(t.dose)
+        if top > min(t.dose):
+            p = next(letters)
+            result.append(Panel(survival_rows(out, axis, top, p), f"({p}) axis {axis}: not yet collapsed, at dose "
+                                f"{top:g}", "share of runs (Kaplan–Meier)", "RL step"))  # fmt: skip
+    return result
+
+
 def _bars(summ: pd.DataFrame, axis: str, panel: str) -> pd.DataFrame:
     from analysis.common import COLUMNS, label
 
@@ -390,6 +445,13 @@ def _fmt(mean: float, lo: float, hi: float, n: int) -> str:
     return f"{mean:.3f} [{lo:.3f}, {hi:.3f}] ±{(hi - lo) / 2:.3f} (n={n})"
 
 
+def _history(h) -> str:
+    """One entry of the plan's history as a sentence: when, what, why, and what had been seen."""
+    if not isinstance(h, dict):
+        return str(h)
+    return f"{h.get('when', '?')}: {h.get('what', '')} (why: {h.get('why', '?')}; seen: {h.get('seen', '?')})"
+
+
 def _share(k: int, n: int, lo: float, hi: float) -> str:
     return f"{k} of {n} [{lo:.0%}, {hi:.0%}]"
 
@@ -397,12 +459,12 @@ def _share(k: int, n: int, lo: float, hi: float) -> str:
 def section(
     studies: dict[int, Study], plan: dict | None = None, planned: dict[int, int] | None = None
 ) -> tuple[str, dict]:
-    """The REPORT's frontier section (markdown) and its records (REPORT.json's `frontier`), from figures 13 and 14's
-    finished runs, judged exactly as the plan says."""
+    """The REPORT's frontier section (markdown) and its records (REPORT.json's `frontier`), from the finished runs
+    of figures 13 and 14 (the pilot) and 15 (the decisive stage), judged exactly as the plan says."""
     plan = plan or load_plan()
     commit = plan_commit()
     runs = [r for s in studies.values() for r in s.runs]
-    outs = [outcomes(s, plan) for s in studies.values() if s.runs]
+    outs = [outcomes(s, plan, decisive=True) for s in studies.values() if s.runs]
     if not outs:
         return "", {}
     out = pd.concat(outs).drop_duplicates(["axis", "dose", "arm", "seed"])
@@ -410,13 +472,21 @@ def section(
     early = runs_after_plan([r.tags.get("git_commit", "") for r in runs], commit) if commit != "unknown" else []
     total = planned or len({r.run_id for r in runs})
     deviations = [f"runs at commits {', '.join(early)} do not descend from the plan's commit"] if early else []
-    deviations += [str(h) for h in plan.get("history") or []]
-    decisive = len({r.run_id for r in runs if r.seed not in plan["pilot"]["seeds"]})
+    deviations += [_history(h) for h in plan.get("history") or []]
+    stage = {f: len({r.run_id for r in s.runs}) for f, s in studies.items()}
+    chosen = []
+    for axis in plan["axes"]:
+        gaps = ", ".join(f"{d:g} → {g:+.4f}" for d, g in sorted(dose_gaps(out, plan, axis).items()))
+        dose = decisive_dose(out, plan, axis)
+        chosen.append(f"{axis} {'–' if dose is None else f'{dose:g}'} (gaps: {gaps or 'none yet'})")
     lines = [
-        f"## The routing frontier (figures 13–14; plan `experiments/frontier/plan.yaml` at {commit[:12]})",
+        f"## The routing frontier (figures 13–15; plan `experiments/frontier/plan.yaml` at {commit[:12]})",
         "",
-        f"- runs finished: {len({r.run_id for r in runs})} of {total} planned for the pilot (seeds "
-        f"{', '.join(map(str, plan['pilot']['seeds']))}); decisive runs (seeds beyond the pilot's): {decisive}",
+        f"- runs finished: {len({r.run_id for r in runs})} of {total} planned; the pilot (figures 13–14, seeds "
+        f"{', '.join(map(str, plan['pilot']['seeds']))}): {stage.get(13, 0)} and {stage.get(14, 0)}; the decisive "
+        f"stage (figure 15, seeds {', '.join(map(str, plan['decisive']['seeds']))}): {stage.get(15, 0)}",
+        "- decisive dose per axis by the plan's rule, recomputed from the pilot's runs (mean over the pilot's seeds of"
+        f" remedy − GRPO without replay in final pass@1, per dose): {'; '.join(chosen)}",
         f"- applied as planned: primary endpoint final held-out pass@1, δ = {plan['margin']}, collapse rule "
         f"version {plan['collapse_rule']['version']}, comparisons paired by seed against GRPO without replay",
         "- deviations from the plan: " + ("; ".join(deviations) or "none"),

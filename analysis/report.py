@@ -1191,12 +1191,12 @@ def render(
 
 
 def _frontier(scale: str, seeds: list[int] | None, overrides) -> tuple[str, dict]:
-    """The routing frontier's section and records (analysis/frontier.py) from figures 13 and 14's finished runs;
-    ("", {}) where none has finished."""
-    from analysis.frontier import AXIS_OF, section
+    """The routing frontier's section and records (analysis/frontier.py) from the finished runs of figures 13 and
+    14 (the pilot) and 15 (the decisive stage); ("", {}) where none has finished."""
+    from analysis.frontier import FIGURES, section
 
     studies, planned = {}, set()
-    for f in AXIS_OF:
+    for f in FIGURES:
         own = seeds if seeds is not None else parse_seeds(None, scale, f)
         configs = figure_configs(f, scale, own, tuple(overrides))
         planned |= {run_key(c) for _, c in configs}  # a run shared by both figures (dose 0) is planned once

@@ -1,6 +1,6 @@
 """The routing frontier's analysis (analysis/frontier.py) on synthetic runs built to pass and to fail each reading: the
 plan's cells and arms, collapse counts and their exact intervals, paired readings, Kaplan–Meier, the decisive-dose
-rule, figures 13–14 drawn from it, and the REPORT section's plan check. No training: a few seconds."""
+rule, figures 13–15 drawn from it, and the REPORT section's plan check. No training: a few seconds."""
 
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ def _history(run_id: str, run: str, seed: int, crash: int | None, final: float) 
     return rows
 
 
-def study(figure: int, outcome) -> Study:
-    """Figure `figure`'s planned runs at seeds 1–2, each run's history from `outcome(cfg, run, seed)` →
+def study(figure: int, outcome, seeds=(1, 2)) -> Study:
+    """Figure `figure`'s planned runs at `seeds`, each run's history from `outcome(cfg, run, seed)` →
     (crash step or None, final pass@1)."""
     runs, rows = [], []
-    for i, (run, cfg) in enumerate(figure_configs(figure, "cpu", [1, 2])):
+    for i, (run, cfg) in enumerate(figure_configs(figure, "cpu", list(seeds))):
         rid = f"r{figure}-{i}"
         runs.append(TrackedRun(run, cfg.seed, cfg, rid, {"git_commit": "0" * 40}))
         rows += _history(rid, run, cfg.seed, *outcome(cfg, run, cfg.seed))
@@ -120,3 +120,25 @@ def test_the_report_section_checks_the_plan_commit():
     assert records["runs_not_after_plan"] == ["0" * 12]
     assert "the collapse rule fired in every run" in text
     assert all(not (isinstance(v, float) and math.isnan(v)) for r in records["summary"] for v in r.values())
+
+
+def test_figure_15_the_decisive_stage():
+    """The decisive stage (figure 15: four arms, 8 paired seeds, dose 0 and each axis's decisive dose): every arm
+    is read on both axes, the remedy's paired Δ is a difference with its bootstrap beside it, Fisher's test sees
+    8 of 8 against 0 of 8, and the figure draws in range with the margin's two lines in each Δ panel."""
+    s = study(15, no_replay_fails_at_high_drift, seeds=PLAN["decisive"]["seeds"])
+    out = frontier.outcomes(s, PLAN, decisive=True)
+    assert set(out[out.axis == "V"].arm) == set(out[out.axis == "M"].arm) == set(PLAN["decisive"]["arms"])
+    comp = frontier.comparisons(out, PLAN).set_index(["axis", "dose", "arm"])
+    top = comp.loc[("V", 300.0, "grpo_r2")]
+    assert top.n == 8 and top.reading == "difference" and top.boot_lo > 0 and top.fisher_p < 1e-3
+    assert comp.loc[("M", 0.3, "grpo_r3")].reading.startswith("equivalent")  # a per-seed offset shared by both arms
+    panels = frontier.decisive_panels(s, PLAN)
+    fig, drawn = draw(s, 15, "t", panels)
+    shares = drawn[drawn.metric.isin([PASS1, "frontier/collapsed", "frontier/survival"])]
+    assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
+    margins = drawn[drawn.metric == "frontier/margin"]
+    assert len(margins) == 4 and set(margins.line.abs()) == {PLAN["margin"]}
+    text, _ = frontier.section({15: s}, PLAN)
+    assert "the decisive stage (figure 15, seeds 1, 2, 3, 4, 5, 6, 7, 8): 96" in text
+    assert "decisive dose per axis by the plan's rule" in text and "V 300 (gaps:" in text
