@@ -377,8 +377,8 @@ def decisive_panels(study: Study, plan: dict | None = None) -> list:
             continue
         x = f"dose ({dial})"
         p = next(letters)
-        rows = [_row(p, "bar", label(r.arm), r.arm, "eval/pass@1", dial, r.dose, r.pass_final,
-                     max(r.pass_lo, 0.0), min(r.pass_hi, 1.0), int(r.n), step=r.dose) for r in t.itertuples()]  # fmt: skip
+        rows = [_row(p, "bar", label(r.arm), r.arm, "eval/pass@1", dial, r.dose, r.pass_final, max(r.pass_lo, 0.0),
+                     min(r.pass_hi, 1.0), int(r.n), step=r.dose) for r in t.itertuples()]  # fmt: skip
         result.append(Panel(pd.DataFrame(rows, columns=COLUMNS), f"({p}) axis {axis}: final held-out pass@1",
                             "mean pass@1 (95 % t)", x))  # fmt: skip
         p = next(letters)
@@ -391,8 +391,9 @@ def decisive_panels(study: Study, plan: dict | None = None) -> list:
         c = comp[comp.axis == axis]
         rows = [_row(p, "bar", label(r.arm), r.arm, "frontier/delta_pass@1", dial, r.dose, r.delta, r.lo, r.hi,
                      int(r.n), step=r.dose) for r in c.itertuples()]  # fmt: skip
-        refs = [csv_row(panel=p, kind="reference", series=f"margin {sign}{margin:g}", run="", metric="frontier/margin",
-                        x_name="", mean=sign_v * margin, n_seeds=0) for sign, sign_v in (("+", 1), ("−", -1))]  # fmt: skip
+        refs = [csv_row(panel=p, kind="reference", series=f"margin {sign}{margin:g}", run="",
+                        metric="frontier/margin", x_name="", mean=v * margin, n_seeds=0)
+                for sign, v in (("+", 1), ("−", -1))]  # fmt: skip
         result.append(Panel(pd.DataFrame([*rows, *refs], columns=COLUMNS),
                             f"({p}) axis {axis}: Δ final pass@1 vs GRPO (paired)",
                             "Δ pass@1 (95 % t)", x))  # fmt: skip

@@ -321,7 +321,7 @@ def _bench_trl(results: Path = ROOT / "results") -> str:
 
 
 def _telemetry_subsample(results: Path = ROOT / "results") -> str:
-    """docs/METRICS.md: the routing telemetry's cost and error by `telemetry.route_rows` (results/bench_telemetry.json)."""
+    """docs/METRICS.md: the routing telemetry's cost and error by `telemetry.route_rows` (bench_telemetry.json)."""
     return _script("bench_telemetry").table(json.loads((results / "bench_telemetry.json").read_text()))
 
 

@@ -11,7 +11,9 @@ distinct prompt present a multiple of `COPIES` = 4 times in both batches, each e
 4 rows in both, so both take the ≥ 4-row path (with 2 threads, MKL splits 5-7 and 9-11 rows along yet other
 paths: multiples of 4 avoid those too). `exact` checks that path on this machine, for the model's own weight
 shapes and thread count (`rows_exact`), so a BLAS that switches paths elsewhere falls back to the whole batch.
-Measured (docs/LOG.md, 2026-12-04): the prefill of 16 prompts × 8 was ~25 % of a rollout; ×4 copies halves it.
+Its speed gain is not shown yet: no entry of docs/LOG.md measured the prefill's share of a rollout (an earlier
+line here cited one that does not exist), and one loaded 1-thread repeat at the CPU study shape measured none
+(docs/LOG.md, 2026-12-05). That its numbers are bit-identical is measured (the same entry).
 """
 
 from __future__ import annotations
