@@ -475,10 +475,10 @@ def section(
     deviations = [f"runs at commits {', '.join(early)} do not descend from the plan's commit"] if early else []
     deviations += [_history(h) for h in plan.get("history") or []]
     stage = {f: len({r.run_id for r in s.runs}) for f, s in studies.items()}
-    chosen = []
+    chosen, picked = [], {}
     for axis in plan["axes"]:
         gaps = ", ".join(f"{d:g} → {g:+.4f}" for d, g in sorted(dose_gaps(out, plan, axis).items()))
-        dose = decisive_dose(out, plan, axis)
+        dose = picked[axis] = decisive_dose(out, plan, axis)
         chosen.append(f"{axis} {'–' if dose is None else f'{dose:g}'} (gaps: {gaps or 'none yet'})")
     lines = [
         f"## The routing frontier (figures 13–15; plan `experiments/frontier/plan.yaml` at {commit[:12]})",
@@ -519,6 +519,7 @@ def section(
         {
             "plan_commit": commit,
             "runs_not_after_plan": early,
+            "decisive_doses": picked,  # per axis, by the plan's rule from the pilot's runs (None before them)
             "summary": summ.to_dict("records"),
             "comparisons": comp.to_dict("records"),
         }

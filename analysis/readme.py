@@ -39,6 +39,9 @@ FIGURE_CLAIMS = {
     10: (11, 12),
     11: (5, 13, 14, 15),
     12: (),
+    13: (),  # the routing frontier: its lines quote REPORT.md's frontier section (FRONTIER.json), not a claim row
+    14: (),
+    15: (),
 }
 WHAT = {
     1: "GSPO vs GRPO + R2: reward and held-out pass@1 over training",
@@ -54,10 +57,19 @@ WHAT = {
     11: "300 steps under a bf16 rollout engine, five arms (GRPO ± R2, + R3, + R2 + IcePop, GSPO): collapse, volatility "
     "per update, and claims 4 and 2",
     12: "figure 11 at 8 minibatches per rollout batch (GRPO with and without R2)",
+    13: "the routing frontier, axis V (the pilot): router lr dialled past the paper's drift per update, with a "
+    "positive control",
+    14: "the routing frontier, axis M (the pilot): router-logit noise in the rollout engine alone, with a control of "
+    "matched k3 that moves no routing",
+    15: "the routing frontier's decisive stage: four arms, 8 paired seeds, at dose 0 and each axis's decisive dose",
 }
+FRONTIER_AXES = {13: ("V", "positive"), 14: ("M", "control"), 15: ("V", "M")}
 NO_CLAIM = {
     5: "a view; no claim of its own",
     12: "a probe at one seed: no interval, no verdict (docs/LOG.md)",
+    13: "not in the shipped report yet (docs/FRONTIER.md)",
+    14: "not in the shipped report yet (docs/FRONTIER.md)",
+    15: "not in the shipped report yet (docs/FRONTIER.md)",
 }
 
 
@@ -174,10 +186,45 @@ def _results_table(results: Path, records: dict[int, dict], walls: dict) -> str:
             shown = _figure_4(results)
         if n == 11 and 13 in records:
             shown += f"; {_other_arms(records[13])}"
+        if n in FRONTIER_AXES and (results / "FRONTIER.json").is_file():
+            shown = _frontier_line(n, json.loads((results / "FRONTIER.json").read_text()))
         runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
         link = f"[{n}](results/cpu/figure-{n}.png)"
         lines.append(f"| {link} | {WHAT[n]} | {shown or NO_CLAIM[n]} | {runs}, {minutes:.0f} ({cpu}) |")
     return "\n".join(lines) + "\n"
+
+
+def _frontier_line(figure: int, records: dict) -> str:
+    """A frontier figure's line from REPORT.md's frontier section (FRONTIER.json): per axis and dose, each arm's
+    collapsed count; for the decisive stage, each arm's paired Δ final pass@1 against GRPO without replay at the
+    axis's decisive dose, with its half-width and reading."""
+    from analysis.common import label
+    from analysis.frontier import arms_of, load_plan
+
+    summ, comp, plan = records["summary"], records["comparisons"], load_plan()
+    parts = []
+    for axis in FRONTIER_AXES[figure]:
+        rows = [r for r in summ if r["axis"] == axis]
+        if figure == 15:  # at the axis's decisive dose (the plan's rule, recomputed by the REPORT)
+            dose = (records.get("decisive_doses") or {}).get(axis)
+            if dose is None:
+                continue
+            deltas = "; ".join(
+                f"{label(c['arm'])} − GRPO {_g(c['delta'])} ±{_g((c['hi'] - c['lo']) / 2, 2)} (n={c['n']}) → "
+                f"{c['reading']}" for c in comp if c["axis"] == axis and c["dose"] == dose
+            )  # fmt: skip
+            down = ", ".join(f"{label(r['arm'])} {r['collapsed']}/{r['runs']}" for r in rows if r["dose"] == dose)
+            parts.append(f"axis {axis} at {dose:g}: collapsed {down}; Δ final pass@1 {deltas}")
+            continue
+        mine = arms_of(plan, axis)  # the pilot's arms of the axis, in the plan's order
+        rows = sorted((r for r in rows if r["arm"] in mine), key=lambda r: (r["dose"], mine.index(r["arm"])))
+        by_dose: dict[float, list[str]] = {}
+        for r in rows:
+            by_dose.setdefault(r["dose"], []).append(f"{r['collapsed']}/{r['runs']}")
+        arms = " / ".join(label(a) for a in mine)
+        what = {"positive": "positive control (lr)", "control": "control (head noise)"}.get(axis, f"axis {axis}")
+        parts.append(f"{what}, collapsed ({arms}): " + "; ".join(f"{d:g}: {' '.join(v)}" for d, v in by_dose.items()))
+    return "; ".join(parts) + " (REPORT.md's frontier section: every finished seed)"
 
 
 def _other_arms(r: dict) -> str:

@@ -70,3 +70,29 @@ def test_readme_is_a_five_minute_read():
     sentences = [s for s in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", running)) if s.strip()]
     assert max(len(s.split()) for s in sentences) <= 60
     assert not re.search(r"issue \d+|part \([a-z]\)|this machine", text)
+
+
+def test_frontier_lines_quote_the_frontier_section():
+    """Figures 13–15's lines are written from FRONTIER.json: collapsed counts per dose in the plan's arm order, and
+    the decisive stage's paired Δ at the dose the REPORT recomputed, with its half-width and reading."""
+    arm = lambda axis, dose, a, k, n: dict(axis=axis, dose=dose, arm=a, collapsed=k, runs=n)  # noqa: E731
+    records = {
+        "summary": [
+            arm("V", 1.0, "gspo", 0, 8),
+            arm("V", 1.0, "grpo", 1, 8),
+            arm("V", 1.0, "grpo_r2", 0, 8),
+            arm("V", 300.0, "grpo", 8, 8),
+            arm("V", 300.0, "grpo_r2", 2, 8),
+            arm("V", 300.0, "gspo", 0, 8),
+            arm("positive", 0.001, "grpo", 2, 2),
+        ],
+        "comparisons": [
+            dict(axis="V", dose=300.0, arm="grpo_r2", delta=0.4, lo=0.3, hi=0.5, n=8, reading="difference")
+        ],
+        "decisive_doses": {"V": 300.0, "M": None},
+    }
+    v = readme._frontier_line(13, records)
+    assert "(GRPO (no replay) / GRPO + R2 / GSPO): 1: 1/8 0/8 0/8; 300: 8/8 2/8 0/8" in v and "0.001: 2/2" in v
+    d = readme._frontier_line(15, records)
+    assert d.startswith("axis V at 300: collapsed GRPO (no replay) 8/8, GRPO + R2 2/8, GSPO 0/8")
+    assert "GRPO + R2 − GRPO 0.4 ±0.1 (n=8) → difference" in d and "axis M" not in d
