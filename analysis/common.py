@@ -194,6 +194,11 @@ QUANTITIES = {
     "policy/ratio/token_var": HEAVY,
     "policy/ratio/seq_var": HEAVY,
     "correction/masked_frac": Quantity(0.0, 1.0, "range"),
+    "frontier/collapsed": UNIT,  # the share of a dose's runs that collapsed (analysis/frontier.py)
+    "frontier/survival": UNIT,  # Kaplan–Meier: the share not yet collapsed
+    "calibration/per_update": UNIT,  # the frontier's calibration (gspo_study/calibrate.py): shares of choices
+    "calibration/flips_per_layer": UNIT,
+    "calibration/k3": HEAVY,
 }
 DIFFERENCE = (" difference", " change")  # "<metric> difference": two values of the metric subtracted
 

@@ -389,10 +389,10 @@ def decisive_panels(study: Study, plan: dict | None = None) -> list:
                             "share of runs (exact 95 %)", x))  # fmt: skip
         p = next(letters)
         c = comp[comp.axis == axis]
-        rows = [_row(p, "bar", label(r.arm), r.arm, "frontier/delta_pass@1", dial, r.dose, r.delta, r.lo, r.hi,
+        rows = [_row(p, "bar", label(r.arm), r.arm, "eval/pass@1 difference", dial, r.dose, r.delta, r.lo, r.hi,
                      int(r.n), step=r.dose) for r in c.itertuples()]  # fmt: skip
         refs = [csv_row(panel=p, kind="reference", series=f"margin {sign}{margin:g}", run="",
-                        metric="frontier/margin", x_name="", mean=v * margin, n_seeds=0)
+                        metric="eval/pass@1 difference", x_name="", mean=v * margin, n_seeds=0)
                 for sign, v in (("+", 1), ("−", -1))]  # fmt: skip
         result.append(Panel(pd.DataFrame([*rows, *refs], columns=COLUMNS),
                             f"({p}) axis {axis}: Δ final pass@1 vs GRPO (paired)",

@@ -137,7 +137,7 @@ def test_figure_15_the_decisive_stage():
     fig, drawn = draw(s, 15, "t", panels)
     shares = drawn[drawn.metric.isin([PASS1, "frontier/collapsed", "frontier/survival"])]
     assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
-    margins = drawn[drawn.metric == "frontier/margin"]
+    margins = drawn[drawn.kind == "reference"]
     assert len(margins) == 4 and set(margins.line.abs()) == {PLAN["margin"]}
     text, _ = frontier.section({15: s}, PLAN)
     assert "the decisive stage (figure 15, seeds 1, 2, 3, 4, 5, 6, 7, 8): 96" in text
