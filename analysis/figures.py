@@ -361,7 +361,7 @@ LONG = {  # figure 11's panels: what the papers watch before a collapse (shared/
 
 
 def figure_11(s: Study) -> list[Panel]:
-    """The long horizon under a train–inference mismatch (issue 32 §2): per arm, mean and interval over seeds."""
+    """The long horizon under a train–inference mismatch: per arm, mean and interval over seeds."""
     return [
         Panel(curves(s, metric, panel), title, ylabel, logy=metric in LOG_AXIS)
         for panel, (metric, title, ylabel) in LONG.items()

@@ -112,7 +112,41 @@ def figure_configs(figure, scale: str, seeds: list[int], overrides: tuple[str, .
 
 def _items(figure, scale: str, seeds: list[int]) -> list[tuple[tuple[str, ...], str, int]]:
     spec = figure_spec(figure)
-    return [(cell, run, seed) for cell in sweep_cells(spec, scale) for run in spec["runs"] for seed in seeds]
+    cells = sweep_cells(spec, scale)
+    gone = dropped(spec, scale, cells)
+    return [
+        (cell, run, seed)
+        for cell in cells
+        for run in spec["runs"]
+        for seed in seeds
+        if not any(run == d_run and seed in d_seeds and set(d_cell) <= set(cell) for d_run, d_seeds, d_cell in gone)
+    ]
+
+
+def dropped(spec: dict, scale: str, cells: list[tuple[str, ...]]) -> list[tuple[str, set[int], tuple[str, ...]]]:
+    """A figure's `dropped: {<scale>: [{run, seeds, cell}, ...]}`: runs its study planned and can no longer train
+    (each entry says why, and the plan's history records it): no sweep trains them and no figure waits for them.
+    Each entry must name one of the figure's runs and a cell of its sweep at that scale."""
+    entries = (spec.get("dropped") or {}).get(scale, [])
+    out = []
+    for entry in entries:
+        ok = isinstance(entry, dict) and set(entry) <= {"run", "seeds", "cell", "why"} and "why" in entry
+        run, seeds, cell = (entry.get("run"), entry.get("seeds"), entry.get("cell", {})) if ok else (None, None, {})
+        cell_items = tuple(f"{k}={v}" for k, v in cell.items()) if isinstance(cell, dict) else None
+        if (
+            not ok
+            or run not in spec["runs"]
+            or not isinstance(seeds, list)
+            or not all(isinstance(s, int) for s in seeds)
+            or cell_items is None
+            or not any(set(cell_items) <= set(c) for c in cells)
+        ):
+            raise ConfigError(
+                f"figures.yaml: bad dropped entry {entry!r}; allowed: {{run: one of {spec['runs']}, seeds: [ints], "
+                "cell: {key: value} of one of the sweep's cells, why: text}"
+            )
+        out.append((run, set(seeds), cell_items))
+    return out
 
 
 def ensure_coldstart(scale: str, overrides: tuple[str, ...] = ()) -> Path:

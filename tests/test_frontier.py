@@ -12,7 +12,8 @@ import pytest
 
 from analysis import frontier
 from analysis.common import PASS1, REWARD, Study, TrackedRun, draw
-from gspo_study.study import figure_configs
+from gspo_study.errors import ConfigError
+from gspo_study.study import dropped, figure_configs
 
 PLAN = frontier.load_plan()
 STEPS = 300
@@ -140,5 +141,32 @@ def test_figure_15_the_decisive_stage():
     margins = drawn[drawn.kind == "reference"]
     assert len(margins) == 4 and set(margins.line.abs()) == {PLAN["margin"]}
     text, _ = frontier.section({15: s}, PLAN)
-    assert "the decisive stage (figure 15, seeds 1, 2, 3, 4, 5, 6, 7, 8): 96" in text
+    assert "the decisive stage (figure 15, seeds 1, 2, 3, 4, 5, 6, 7, 8): 92" in text  # 96 planned, 4 dropped
     assert "decisive dose per axis by the plan's rule" in text and "V 300 (gaps:" in text
+
+
+def test_dropped_runs_are_neither_trained_nor_awaited():
+    """figures.yaml's `dropped` (the plan's history: seeds 1-2's cold starts are lost) takes exactly its runs out of
+    figure 15 — no sweep trains them, no count waits for them — and a bad entry is one line naming it."""
+    every = [
+        (cfg.seed, run, cfg.train.router_lr_scale, cfg.rollout.router_noise)
+        for run, cfg in figure_configs(15, "cpu", list(range(1, 9)))
+    ]
+    assert len(every) == 92
+    gone = {(s, "grpo_r3", 300.0, 0.0) for s in (1, 2)} | {(s, "grpo_r2", 1.0, 0.3) for s in (1, 2)}
+    assert not gone & set(every) and {(3, "grpo_r3", 300.0, 0.0), (3, "grpo_r2", 1.0, 0.3)} <= set(every)
+    assert len(figure_configs(15, "cpu", [3])) == 12 and len(figure_configs(15, "smoke", [1])) == 12
+    spec = {"runs": ["grpo", "gspo"]}
+    cells = [("train.router_lr_scale=1.0",), ("train.router_lr_scale=300.0",)]
+    good = {"run": "grpo", "seeds": [1], "cell": {"train.router_lr_scale": 300.0}, "why": "lost"}
+    assert dropped({**spec, "dropped": {"cpu": [good]}}, "cpu", cells) == [("grpo", {1}, cells[1])]
+    for bad in (
+        {**good, "run": "grpo_r9"},
+        {**good, "cell": {"train.router_lr_scale": 30.0}},
+        {k: v for k, v in good.items() if k != "why"},
+        {**good, "seeds": "1"},
+        {**good, "typo": 1},
+    ):
+        with pytest.raises(ConfigError, match="bad dropped entry") as err:
+            dropped({**spec, "dropped": {"cpu": [bad]}}, "cpu", cells)
+        assert "\n" not in str(err.value)
