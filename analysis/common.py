@@ -215,19 +215,11 @@ def quantity(metric: str) -> Quantity:
 
 # ------------------------------------------------------------------------------------------------ statistics
 def mean_ci(values) -> tuple[float, float, float, int]:
-    """Mean and 95% Student-t interval over the finite values: (mean, lower, upper, n)."""
-    from scipy import stats
+    """Mean and 95% Student-t interval over the finite values: (mean, lower, upper, n) — the one-sided bounds at
+    97.5 % (analysis.stats)."""
+    from analysis.stats import one_sided_bounds
 
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    n = len(v)
-    if n == 0:
-        return math.nan, math.nan, math.nan, 0
-    mean = float(v.mean())
-    if n < 2:
-        return mean, math.nan, math.nan, n
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1) * v.std(ddof=1) / math.sqrt(n))
-    return mean, mean - half, mean + half, n
+    return one_sided_bounds(values, 0.5 + CONFIDENCE / 2)
 
 
 def summary(values, q: Quantity) -> tuple[float, float, float]:
