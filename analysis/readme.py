@@ -186,12 +186,18 @@ def _results_table(results: Path, records: dict[int, dict], walls: dict) -> str:
             shown = _figure_4(results)
         if n == 11 and 13 in records:
             shown += f"; {_other_arms(records[13])}"
-        if n in FRONTIER_AXES and (results / "FRONTIER.json").is_file():
-            shown = _frontier_line(n, json.loads((results / "FRONTIER.json").read_text()))
+        if n in FRONTIER_AXES and (frontier := _frontier_records(results)):
+            shown = _frontier_line(n, frontier)
         runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
         link = f"[{n}](results/cpu/figure-{n}.png)"
         lines.append(f"| {link} | {WHAT[n]} | {shown or NO_CLAIM[n]} | {runs}, {minutes:.0f} ({cpu}) |")
     return "\n".join(lines) + "\n"
+
+
+def _frontier_records(results: Path) -> dict:
+    """REPORT.md's frontier section as records (results/<scale>/FRONTIER.json), {} before it is written."""
+    path = results / "FRONTIER.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _frontier_line(figure: int, records: dict) -> str:
@@ -293,13 +299,50 @@ def _findings(records: dict[int, dict]) -> str:
     )
 
 
+def _frontier_finding(frontier: dict) -> str:
+    """The routing frontier in one sentence, from FRONTIER.json: at each axis's decisive dose, GRPO without replay's
+    and the axis's remedy's collapsed counts, and the remedy's paired Δ final pass@1 with its reading ('' before
+    the decisive doses exist)."""
+    from analysis.common import label
+
+    doses = frontier.get("decisive_doses") or {}
+    remedy = {"V": "grpo_r2", "M": "grpo_r3"}
+    what = {"V": "router lr ×{:g}", "M": "router-logit noise σ {:g} in the rollout engine"}
+    parts = []
+    for axis, dose in doses.items():
+        if dose is None or axis not in remedy:
+            continue
+        at = {r["arm"]: r for r in frontier["summary"] if r["axis"] == axis and r["dose"] == dose}
+        comp = [c for c in frontier["comparisons"] if (c["axis"], c["dose"], c["arm"]) == (axis, dose, remedy[axis])]
+        if "grpo" not in at or remedy[axis] not in at or not comp:
+            continue
+        base, arm, c = at["grpo"], at[remedy[axis]], comp[0]
+        reached = (
+            f"{_g(100 * base['drift_per_update'], 2)} % drift per update, the mean over each run"
+            if axis == "V"
+            else f"{_g(100 * base['flips_per_layer'], 2)} % of routing choices flipped per layer, "
+            f"k3 {_g(base['k3'], 2)}"
+        )
+        parts.append(
+            f"at {what[axis].format(dose)} ({reached}) GRPO without replay collapsed in {base['collapsed']} of "
+            f"{base['runs']} runs and {label(remedy[axis])} in {arm['collapsed']} of {arm['runs']}, Δ final pass@1 "
+            f"{label(remedy[axis])} − GRPO {_g(c['delta'])} ±{_g((c['hi'] - c['lo']) / 2, 2)} (n={c['n']}) → "
+            f"{c['reading']}"
+        )
+    if not parts:
+        return ""
+    return "The routing frontier's decisive doses (REPORT.md's frontier section, the seeds finished so far): " + (
+        "; ".join(parts) + ".\n"
+    )
+
+
 def blocks(scale: str = "cpu") -> dict[str, str]:
     results = ROOT / "results" / scale
     records = report_records(results)
     walls = wall_minutes(results, scale)
     return {
         "figure-1": _figure_1(results, records, walls),
-        "findings": _findings(records),
+        "findings": _findings(records) + _frontier_finding(_frontier_records(results)),
         "results": _results_table(results, records, walls),
         "claims": _claims_list(records),
         "test-time": _test_time(),

@@ -96,3 +96,26 @@ def test_frontier_lines_quote_the_frontier_section():
     d = readme._frontier_line(15, records)
     assert d.startswith("axis V at 300: collapsed GRPO (no replay) 8/8, GRPO + R2 2/8, GSPO 0/8")
     assert "GRPO + R2 − GRPO 0.4 ±0.1 (n=8) → difference" in d and "axis M" not in d
+
+
+def test_findings_state_the_frontier_at_its_decisive_doses():
+    """The findings block's frontier sentence is FRONTIER.json's: per axis with a decisive dose, GRPO without replay's
+    and the remedy's collapsed counts and the remedy's paired Δ with its reading; nothing before the doses exist."""
+    at = dict(drift_per_update=0.1, flips_per_layer=0.2, k3=0.03)
+    records = {
+        "summary": [
+            dict(axis="V", dose=300.0, arm="grpo", collapsed=7, runs=8, **at),
+            dict(axis="V", dose=300.0, arm="grpo_r2", collapsed=1, runs=8, **at),
+            dict(axis="M", dose=0.3, arm="grpo", collapsed=0, runs=8, **at),
+        ],
+        "comparisons": [
+            dict(axis="V", dose=300.0, arm="grpo_r2", delta=0.4, lo=0.3, hi=0.5, n=8, reading="difference")
+        ],
+        "decisive_doses": {"V": 300.0, "M": 0.3},
+    }
+    text = readme._frontier_finding(records)
+    assert "router lr ×300 (10 % drift per update" in text
+    assert "collapsed in 7 of 8 runs and GRPO + R2 in 1 of 8" in text
+    assert "GRPO + R2 − GRPO 0.4 ±0.1 (n=8) → difference" in text
+    assert "noise" not in text  # axis M has no remedy run and no comparison yet: no claim about it
+    assert readme._frontier_finding({**records, "decisive_doses": {}}) == readme._frontier_finding({}) == ""
