@@ -3,8 +3,7 @@
 Why not `model.generate`: we need the sampled tokens' log-probs under the engine (for
 `old_logprobs: rollout`, §5.4), routing recorded across prefill and every decode step (R3), one explicit
 `torch.Generator` per rollout (so every algorithm of a seed draws from the same random stream), and few
-Python steps per token. The prompts' prefill runs over 4 copies of each prompt, not its G rows, where that leaves
-every bit as it was (gspo_study.rollout.prefill). The engine can run a separate lower-precision copy of the policy
+Python steps per token. The engine can run a separate lower-precision copy of the policy
 (`rollout.dtype: bfloat16`), or a perturbed copy (`rollout.router_precision`, `router_noise`, `head_noise`:
 gspo_study.rollout.perturb), to study train–inference mismatch; `sync` copies the trainer's weights in.
 """
@@ -19,7 +18,6 @@ from transformers import DynamicCache
 
 from gspo_study.errors import NonFiniteError
 from gspo_study.moe import RoutingTrace, record_routing
-from gspo_study.rollout import prefill
 from gspo_study.rollout.base import RolloutBatch, encode_prompts, position_ids_from_mask  # noqa: F401 (re-exported)
 from gspo_study.rollout.perturb import Perturbation, PerturbedCopy
 
@@ -101,21 +99,13 @@ class HFEngine:
         return out.logits[:, -1].float().cpu()
 
     def _prefill(self, seq, mask, cache, trace) -> torch.Tensor:
-        """The prompts' forward: its logits [B, V], the cache filled, the routing appended to `trace`. Over
-        `prefill.COPIES` copies of each distinct prompt where that gives every row the same bits (gspo_study.rollout
-        .prefill; not under router noise, whose draws follow the batch's shape), handed to all its rows after."""
-        noisy = self.perturbed is not None and self.perturbed.perturbation.router_noise > 0
-        shared = None if noisy or not prefill.exact(self.model) else prefill.plan(seq, mask)
-        if shared is not None:
-            seq, mask = seq[shared.keep], mask[shared.keep]
+        """The prompts' forward over every row: its logits [B, V], the cache filled, the routing appended to
+        `trace`."""
         with record_routing(self.model) if trace is not None else contextlib.nullcontext() as recorded:
             logits = self._logits(seq, mask, position_ids_from_mask(mask), cache)
-        if shared is not None:
-            logits = logits[shared.stand_in]
-            cache.batch_select_indices(shared.stand_in.to(next(self.model.parameters()).device))
         if trace is not None:
             for layer, ids in recorded.indices.items():
-                trace.append(layer, ids if shared is None else ids[shared.stand_in])
+                trace.append(layer, ids)
         return logits
 
     def _decode(self, seq, mask, max_new_tokens, temperature, generator, greedy, trace):
