@@ -28,11 +28,23 @@ DRAW_KEYS = ("cpu", "cpu_flags", "threads", "torch", "transformers", "blas", "de
 BEFORE = {"device": "cpu", "precision": "fp32"}
 
 
+def _proc_cpuinfo() -> str | None:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id (e.g. AuthenticAMD, GenuineIntel); "unknown" elsewhere."""
+    found = re.search(r"^vendor_id\s*:\s*(.+)$", _proc_cpuinfo() or "", re.M)
+    return found[1].strip() if found else "unknown"
+
+
 def _cpuinfo() -> tuple[str, str]:
     """(CPU model name, its SIMD flags sorted) from /proc/cpuinfo; the platform's processor name elsewhere."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    text = _proc_cpuinfo()
+    if text is None:
         return platform.processor() or "unknown", "unknown"
     model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
     flags = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", text, re.M)

@@ -127,25 +127,23 @@ def dropped(spec: dict, scale: str, cells: list[tuple[str, ...]]) -> list[tuple[
     """A figure's `dropped: {<scale>: [{run, seeds, cell}, ...]}`: runs its study planned and can no longer train
     (each entry says why, and the plan's history records it): no sweep trains them and no figure waits for them.
     Each entry must name one of the figure's runs and a cell of its sweep at that scale."""
-    entries = (spec.get("dropped") or {}).get(scale, [])
     out = []
-    for entry in entries:
-        ok = isinstance(entry, dict) and set(entry) <= {"run", "seeds", "cell", "why"} and "why" in entry
-        run, seeds, cell = (entry.get("run"), entry.get("seeds"), entry.get("cell", {})) if ok else (None, None, {})
-        cell_items = tuple(f"{k}={v}" for k, v in cell.items()) if isinstance(cell, dict) else None
-        if (
-            not ok
-            or run not in spec["runs"]
-            or not isinstance(seeds, list)
-            or not all(isinstance(s, int) for s in seeds)
-            or cell_items is None
-            or not any(set(cell_items) <= set(c) for c in cells)
+    for entry in (spec.get("dropped") or {}).get(scale, []):
+        fields = entry if isinstance(entry, dict) else {}
+        cell, seeds = fields.get("cell"), fields.get("seeds")
+        cell_items = tuple(f"{k}={v}" for k, v in cell.items()) if isinstance(cell, dict) else ()
+        if not (
+            set(fields) == {"run", "seeds", "cell", "why"}
+            and fields["run"] in spec["runs"]
+            and isinstance(seeds, list)
+            and all(isinstance(s, int) for s in seeds)
+            and any(cell_items and set(cell_items) <= set(c) for c in cells)
         ):
             raise ConfigError(
                 f"figures.yaml: bad dropped entry {entry!r}; allowed: {{run: one of {spec['runs']}, seeds: [ints], "
                 "cell: {key: value} of one of the sweep's cells, why: text}"
             )
-        out.append((run, set(seeds), cell_items))
+        out.append((fields["run"], set(seeds), cell_items))
     return out
 
 

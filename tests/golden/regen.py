@@ -16,13 +16,13 @@ bfloat16), a train–inference correction, π_old from the rollout engine and th
 from the smoke scale's cold start (`run_sft` of experiments/smoke/base.yaml).
 
 The numbers are computed in a child process whose kernels are forced to one instruction set (`FORCED`: ATen's
-AVX2 kernels, MKL's reproducible SSE2 branch, oneDNN off), so that any CPU with AVX2 and FMA gives them — not the
-CPU's own best kernels, whose numbers differ by machine (docs/RELIABILITY.md) — and the child trains its own smoke
-cold start under the same forcing. A CPU without AVX2 skips the test.
+AVX2 kernels, MKL's reproducible SSE2 branch, oneDNN off) rather than the CPU's own best kernels, whose numbers
+differ by machine (docs/RELIABILITY.md); the child trains its own smoke cold start under the same forcing. A CPU
+without AVX2 skips the test.
 
 The forcing does not give one set of numbers on every CPU: on 2026-12-05 an Intel Xeon (AVX-512-BF16, AMX) moved
 772 of the numbers an AMD EPYC pinned, under the same forcing, torch, transformers and MKL. So the file keeps one
-entry per CPU vendor (`vendor()`, /proc/cpuinfo's vendor_id), and a vendor without one skips, naming the command
+entry per CPU vendor (`vendor()`: /proc/cpuinfo's vendor_id), and a vendor without one skips, naming the command
 that adds it. Within a vendor the forced numbers are expected to hold across its CPUs (not measured beyond the
 machines the entries came from).
 """
@@ -103,14 +103,10 @@ NO_AVX2 = "this CPU lacks AVX2 or FMA, the instructions of the kernels the golde
 
 
 def vendor() -> str:
-    """This CPU's vendor (/proc/cpuinfo's vendor_id, e.g. AuthenticAMD, GenuineIntel), "unknown" elsewhere."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    """The key of this CPU's entry in numbers.json."""
+    from gspo_study.provenance import cpu_vendor
+
+    return cpu_vendor()
 
 
 def has_avx2() -> bool:
