@@ -3,8 +3,8 @@ pure functions over a loaded `Study` and the plan (experiments/frontier/plan.yam
 
 - `outcomes`: one row per (axis, dose, arm, seed): held-out pass@1 at step 0 and at the end (the primary endpoint),
   whether and when the run collapsed under the plan's collapse-rule version, and what the run reached on its axis
-  (routing drift per update, train–inference k3 and routing flips per layer). A run of the frontier's base (no dose)
-  is dose 0 of both axes, and appears under each.
+  (routing drift per update, at the run's first update and averaged over the run; train–inference k3 and routing
+  flips per layer). A run of the frontier's base (no dose) is dose 0 of both axes, and appears under each.
 - `summary`: per (axis, dose, arm): mean final pass@1 with its 95 % t-interval, k of n collapsed with its exact
   (Clopper–Pearson) interval.
 - `comparisons`: per axis and dose, GRPO without replay against the axis's remedy and against GSPO, paired by seed:
@@ -82,6 +82,13 @@ def _mean(study: Study, metric: str, run_id: str) -> float:
     return float(f.value.mean()) if len(f) else math.nan
 
 
+def _first(study: Study, metric: str, run_id: str) -> float:
+    """The metric at the run's first logged step (for drift per update: the dose as it meets the cold start, before
+    the run has changed the router it acts on)."""
+    f = _curve(study, metric, run_id)
+    return float(f.value.iloc[0]) if len(f) else math.nan
+
+
 def outcomes(study: Study, plan: dict, decisive: bool = False) -> pd.DataFrame:
     """One row per (axis, dose, arm, seed) of the study's tracked runs (`decisive`: the decisive stage's arms too,
     `arms_of`)."""
@@ -104,6 +111,7 @@ def outcomes(study: Study, plan: dict, decisive: bool = False) -> pd.DataFrame:
                     collapse_step=c.step if c.collapsed else last,  # the event's step, or where it was censored
                     collapse_rule=c.rule,
                     drift_per_update=_mean(study, DRIFT, r.run_id),
+                    drift_first=_first(study, DRIFT, r.run_id),
                     k3=_mean(study, K3, r.run_id),
                     flips_per_layer=_mean(study, FLIPS, r.run_id),
                 )
@@ -132,6 +140,7 @@ def summary(out: pd.DataFrame) -> pd.DataFrame:
                 collapsed_lo=cp_lo,
                 collapsed_hi=cp_hi,
                 drift_per_update=float(g.drift_per_update.mean()),
+                drift_first=float(g.drift_first.mean()),
                 k3=float(g.k3.mean()),
                 flips_per_layer=float(g.flips_per_layer.mean()),
             )
@@ -490,14 +499,14 @@ def section(
         f" remedy − GRPO without replay in final pass@1, per dose): {'; '.join(chosen)}",
         f"- applied as planned: primary endpoint final held-out pass@1, δ = {plan['margin']}, collapse rule "
         f"version {plan['collapse_rule']['version']}, comparisons paired by seed against GRPO without replay",
-        "- deviations from the plan: " + ("; ".join(deviations) or "none"),
+        "- deviations from the plan:" + ("".join(f"\n  - {d}" for d in deviations) or " none"),
         "",
-        "| axis | dose | arm | reached: drift per update / flips per layer / k3 | final pass@1 [95 % t] | "
-        "collapsed [exact 95 %] |",
+        "| axis | dose | arm | reached: drift per update (first update / run mean) / flips per layer / k3 | "
+        "final pass@1 [95 % t] | collapsed [exact 95 %] |",
         "|---|---|---|---|---|---|",
     ]
     for r in summ.itertuples():
-        reached = f"{r.drift_per_update:.3g} / {r.flips_per_layer:.3g} / {r.k3:.2g}"
+        reached = f"{r.drift_first:.3g} / {r.drift_per_update:.3g} / {r.flips_per_layer:.3g} / {r.k3:.2g}"
         lines.append(f"| {r.axis} | {r.dose:g} | {r.arm} | {reached} | {_fmt(r.pass_final, r.pass_lo, r.pass_hi, r.n)}"
                      f" | {_share(r.collapsed, r.runs, r.collapsed_lo, r.collapsed_hi)} |")  # fmt: skip
     lines += [
@@ -548,7 +557,9 @@ def frontier_sentences(out: pd.DataFrame, summ: pd.DataFrame, plan: dict) -> lis
         parts = []
         for dose, g in s.groupby("dose"):
             k = {r.arm: f"{r.collapsed}/{r.runs}" for r in g.itertuples()}
-            parts.append(f"dose {dose:g}: collapsed " + ", ".join(f"{a} {v}" for a, v in k.items()))
+            steps = out[(out.axis == axis) & (out.dose == dose) & out.collapsed].collapse_step
+            when = f" (at steps {steps.min()}–{steps.max()})" if len(steps) else ""
+            parts.append(f"dose {dose:g}: collapsed " + ", ".join(f"{a} {v}" for a, v in k.items()) + when)
         said.append(f"- axis {axis} ({spec['dial']}): " + "; ".join(parts) + ".")
     pos = summ[summ.axis == "positive"]
     if not pos.empty:

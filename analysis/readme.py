@@ -318,7 +318,8 @@ def _frontier_finding(frontier: dict) -> str:
             continue
         base, arm, c = at["grpo"], at[remedy[axis]], comp[0]
         reached = (
-            f"{_g(100 * base['drift_per_update'], 2)} % drift per update, the mean over each run"
+            f"{_g(100 * base['drift_first'], 2)} % of routing choices moved by the first update, "
+            f"{_g(100 * base['drift_per_update'], 2)} % per update over the run"
             if axis == "V"
             else f"{_g(100 * base['flips_per_layer'], 2)} % of routing choices flipped per layer, "
             f"k3 {_g(base['k3'], 2)}"

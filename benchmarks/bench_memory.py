@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks.common import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [
@@ -105,9 +106,7 @@ def main() -> int:
                 f"{r['estimated_step_mib']:7.0f} MiB ({r['relative_error']:+.0%})"
             )
     if args.out:
-        args.out.write_text(
-            json.dumps({"machine": platform.processor() or platform.machine(), "cases": results}, indent=1) + "\n"
-        )
+        args.out.write_text(json.dumps({"machine": machine(), "cases": results}, indent=1) + "\n")
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import machine
 from gspo_study.models.presets import build_model
 from gspo_study.models.tokenizer import build_char_tokenizer
 from gspo_study.moe import record_routing, replay_routing
@@ -129,7 +129,7 @@ def main() -> None:
         meta |= {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
-            "machine": platform.machine(),
+            "machine": machine(),
         }
         args.out.write_text(json.dumps({"config": meta, "results": rows}, indent=2) + "\n")
         print(f"wrote {args.out}")

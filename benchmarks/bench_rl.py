@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import load_average, median, paired_overhead_pct, peak_rss_mb, print_table, timed
+from benchmarks.common import load_average, machine, median, paired_overhead_pct, peak_rss_mb, print_table, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_CONFIG = ROOT / "experiments" / "cpu" / "base.yaml"
@@ -693,7 +692,7 @@ def report(res: dict) -> None:
     print(
         f"\n{cfg['preset']} ({cfg['checkpoint_kind']}), batch {PROMPTS}x{GROUP}, max_new_tokens {MAX_NEW}, "
         f"{MINIBATCHES} minibatches, torch threads {cfg['threads']}, load before/after {cfg['load_before']} / "
-        f"{cfg['load_after']}, torch {cfg['versions']['torch']}, trl {cfg['versions']['trl']}"
+        f"{cfg['load_after']}, torch {cfg['versions']['torch']}, trl {cfg['versions']['trl']}\non {cfg['machine']}"
     )
     ro = parts.get("rollout", {})
     if "ours_hf_engine" in ro:
@@ -836,7 +835,7 @@ def main() -> None:
                 "minibatches": MINIBATCHES,
             },
             "versions": _versions(),
-            "machine": platform.machine(),
+            "machine": machine(),
             "cpus": os.cpu_count(),
             "load_before": load_before,
             "load_after": load_average(),

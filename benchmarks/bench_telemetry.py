@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.common import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARES = (0.25, 0.5)
@@ -112,7 +113,7 @@ def main() -> int:
         args.out.write_text(
             json.dumps(
                 {
-                    "machine": platform.processor() or platform.machine(),
+                    "machine": machine(),
                     "threads": args.threads,
                     "summary": summary,
                     "steps": steps,

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import load_average, median, peak_rss_mb, print_table
+from benchmarks.common import load_average, machine, median, peak_rss_mb, print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 COLDSTART = ROOT / "results" / "cpu" / "checkpoints" / "coldstart"
@@ -122,7 +121,7 @@ def main(argv=None) -> dict:
         "model": source,
         "threads": args.threads,
         "repeats": args.repeats,
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "load_average_before": load_average(),
         "cases": results,
         "speedup_over_hf_float32": {c: r["tokens_per_s"] / hf for c, r in results.items() if hf},

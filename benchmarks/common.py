@@ -20,6 +20,15 @@ def peak_rss_mb() -> float:
     return rss / (1024 * 1024) if platform.system() == "Darwin" else rss / 1024
 
 
+def machine() -> str:
+    """The CPU a benchmark ran on, as its JSON and tables name it: model, logical CPUs and SIMD flags (the kernel
+    path torch takes follows them), from the run tags' own reader (gspo_study.provenance.cpu)."""
+    from gspo_study.provenance import cpu
+
+    model, flags = cpu()
+    return f"{model}, {os.cpu_count()} CPUs, {flags}"
+
+
 def load_average() -> list[float]:
     """1/5/15-minute load averages (what `uptime` prints), or [] where unavailable."""
     try:

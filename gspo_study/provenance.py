@@ -41,7 +41,7 @@ def cpu_vendor() -> str:
     return found[1].strip() if found else "unknown"
 
 
-def _cpuinfo() -> tuple[str, str]:
+def cpu() -> tuple[str, str]:
     """(CPU model name, its SIMD flags sorted) from /proc/cpuinfo; the platform's processor name elsewhere."""
     text = _proc_cpuinfo()
     if text is None:
@@ -66,9 +66,9 @@ def _static() -> dict[str, str]:
     import torch
     import transformers
 
-    cpu, flags = _cpuinfo()
+    model, flags = cpu()
     return {
-        "cpu": cpu,
+        "cpu": model,
         "cpu_flags": flags,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels ATen dispatches to
         "torch": torch.__version__,

@@ -120,6 +120,8 @@ def test_the_report_section_checks_the_plan_commit():
     assert "runs finished: 30 of 30" in text and "do not descend from the plan's commit" in text  # commit 000…
     assert records["runs_not_after_plan"] == ["0" * 12]
     assert "the collapse rule fired in every run" in text
+    assert "\n- deviations from the plan:\n  - runs at commits 000000000000 do not descend" in text  # one bullet each
+    assert "dose 300: collapsed grpo 2/2, grpo_r2 0/2, gspo 0/2 (at steps 50–50)" in text  # pass@1 0 from step 50
     assert all(not (isinstance(v, float) and math.isnan(v)) for r in records["summary"] for v in r.values())
 
 

@@ -101,7 +101,7 @@ def test_frontier_lines_quote_the_frontier_section():
 def test_findings_state_the_frontier_at_its_decisive_doses():
     """The findings block's frontier sentence is FRONTIER.json's: per axis with a decisive dose, GRPO without replay's
     and the remedy's collapsed counts and the remedy's paired Δ with its reading; nothing before the doses exist."""
-    at = dict(drift_per_update=0.1, flips_per_layer=0.2, k3=0.03)
+    at = dict(drift_first=0.2, drift_per_update=0.1, flips_per_layer=0.2, k3=0.03)
     records = {
         "summary": [
             dict(axis="V", dose=300.0, arm="grpo", collapsed=7, runs=8, **at),
@@ -114,7 +114,7 @@ def test_findings_state_the_frontier_at_its_decisive_doses():
         "decisive_doses": {"V": 300.0, "M": 0.3},
     }
     text = readme._frontier_finding(records)
-    assert "router lr ×300 (10 % drift per update" in text
+    assert "router lr ×300 (20 % of routing choices moved by the first update, 10 % per update over the run" in text
     assert "collapsed in 7 of 8 runs and GRPO + R2 in 1 of 8" in text
     assert "GRPO + R2 − GRPO 0.4 ±0.1 (n=8) → difference" in text
     assert "noise" not in text  # axis M has no remedy run and no comparison yet: no claim about it
