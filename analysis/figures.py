@@ -396,6 +396,7 @@ def figure_15(s: Study) -> list[Panel]:
 FIGURES[13] = figure_13
 FIGURES[14] = figure_14
 FIGURES[15] = figure_15
+FIGURES[16] = figure_15  # the refinement of axis V: the same panels (per dose: pass@1, collapsed, Δ vs GRPO; KM)
 
 
 def _cat(*frames):

@@ -13,6 +13,8 @@ pure functions over a loaded `Study` and the plan (experiments/frontier/plan.yam
   interval where the seeds reach the plan's decisive count.
 - `kaplan_meier`: the share of runs not yet collapsed against the step (censored at each run's last step).
 - `decisive_dose`: the plan's rule for the dose its decisive runs take.
+- `frontier_dose`, `refinement_reading`: the refinement stage's reading (figure 16): per arm, the lowest axis-V dose
+  at which at least half its runs collapsed, and whether replay moves it.
 """
 
 from __future__ import annotations
@@ -241,9 +243,44 @@ def decisive_dose(out: pd.DataFrame, plan: dict, axis: str) -> float | None:
     return best if gaps[best] > 0 else max(float(d) for d in plan["axes"][axis]["doses"])
 
 
+def frontier_dose(out: pd.DataFrame, plan: dict, arm: str) -> float | None:
+    """The refinement's frontier dose of one arm: the lowest dose of axis V, over the refinement's seeds (its own
+    doses and the decisive stage's together), at which at least half the arm's runs collapsed; None where none did."""
+    g = out[(out.axis == "V") & (out.arm == arm) & out.seed.isin(plan["refinement"]["seeds"])]
+    shares = g.groupby("dose").collapsed.mean()
+    hit = shares[shares >= 0.5]
+    return float(hit.index.min()) if len(hit) else None
+
+
+def refinement_reading(out: pd.DataFrame, comp: pd.DataFrame, plan: dict) -> str:
+    """The plan's refinement reading in one sentence: each arm's frontier dose, and whether replay moves the frontier
+    (GRPO + R2's frontier dose above GRPO's, with Fisher's p < 0.05 at a dose from GRPO's up to R2's)."""
+    spec, remedy = plan["refinement"], plan["axes"]["V"]["remedy"]
+    mine = out[(out.axis == "V") & out.dose.isin([float(d) for d in spec["doses"]]) & out.seed.isin(spec["seeds"])]
+    if mine.empty:
+        return ""
+    at = {arm: frontier_dose(out, plan, arm) for arm in spec["arms"]}
+    shown = ", ".join(f"{a} {'none' if d is None else f'×{d:g}'}" for a, d in at.items())
+    lo, hi = at[BASELINE], at[remedy]
+    if lo is None or (hi is not None and hi <= lo):
+        verdict = "replay does not move the frontier"
+    else:
+        c = comp[(comp.axis == "V") & (comp.arm == remedy) & (comp.dose >= lo) & (hi is None or comp.dose < hi)]
+        best = c.fisher_p.min() if len(c) else math.nan
+        moved = best < 0.05
+        verdict = (
+            f"replay {'moves' if moved else 'does not significantly move'} the frontier (least Fisher p {best:.3g})"
+        )
+    seeds = ", ".join(map(str, sorted(mine.seed.unique())))
+    planned = ", ".join(map(str, spec["seeds"]))
+    return (f"- refinement (figure 16, seeds {seeds} of {planned}): the frontier dose per arm, the lowest router-lr "
+            f"dose at which at least half its runs collapsed: {shown}; {verdict}.")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------ figures 13 and 14
 AXIS_OF = {13: "V", 14: "M"}  # the pilot's figures, one axis each
-FIGURES = (13, 14, 15)  # with figure 15, the decisive stage (every arm at dose 0 and each axis's decisive dose)
+FIGURES = (13, 14, 15, 16)  # 15: the decisive stage (every arm at dose 0 and each axis's decisive dose); 16: the
+# refinement of axis V between its last dose without collapse and its first with every run collapsed
 CALIBRATION = {  # per axis: (dial, measure, y label, the paper's value or None)
     "V": [("train.router_lr_scale", "per_update", "activated experts changed per update", 0.10)],
     "M": [
@@ -424,13 +461,15 @@ def _bars(summ: pd.DataFrame, axis: str, panel: str) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------------------ the REPORT's section
-def plan_commit(path: Path = PLAN) -> str:
+def plan_commit(path: Path = PLAN, added: str | None = None) -> str:
     """The commit that fixed the plan (the one that added the file; later changes are its `history` entries), or
-    "unknown" outside a git checkout."""
+    with `added` the first commit whose change put that text in it (a stage added later: `refinement:`); "unknown"
+    outside a git checkout."""
     import subprocess
 
     try:
-        cmd = ["git", "log", "--diff-filter=A", "--format=%H", "--", str(path)]
+        pick = ["--diff-filter=A"] if added is None else [f"-S{added}"]
+        cmd = ["git", "log", *pick, "--format=%H", "--", str(path)]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=path.parent, timeout=30)
         return (out.stdout.split() or ["unknown"])[-1]
     except (OSError, subprocess.SubprocessError):
@@ -482,19 +521,30 @@ def section(
     early = runs_after_plan([r.tags.get("git_commit", "") for r in runs], commit) if commit != "unknown" else []
     total = planned or len({r.run_id for r in runs})
     deviations = [f"runs at commits {', '.join(early)} do not descend from the plan's commit"] if early else []
+    refined = studies.get(16)
+    later = plan_commit(added="refinement:") if refined and refined.runs and commit != "unknown" else "unknown"
+    if later != "unknown" and (early16 := runs_after_plan([r.tags.get("git_commit", "") for r in refined.runs], later)):
+        deviations.append(f"refinement runs at commits {', '.join(early16)} do not descend from the commit that "
+                          f"added the refinement ({later[:12]})")  # fmt: skip
     deviations += [_history(h) for h in plan.get("history") or []]
     stage = {f: len({r.run_id for r in s.runs}) for f, s in studies.items()}
+    refinement = plan.get("refinement")
     chosen, picked = [], {}
     for axis in plan["axes"]:
         gaps = ", ".join(f"{d:g} → {g:+.4f}" for d, g in sorted(dose_gaps(out, plan, axis).items()))
         dose = picked[axis] = decisive_dose(out, plan, axis)
         chosen.append(f"{axis} {'–' if dose is None else f'{dose:g}'} (gaps: {gaps or 'none yet'})")
     lines = [
-        f"## The routing frontier (figures 13–15; plan `experiments/frontier/plan.yaml` at {commit[:12]})",
+        f"## The routing frontier (figures 13–{max(FIGURES)}; plan `experiments/frontier/plan.yaml` at {commit[:12]})",
         "",
         f"- runs finished: {len({r.run_id for r in runs})} of {total} planned; the pilot (figures 13–14, seeds "
         f"{', '.join(map(str, plan['pilot']['seeds']))}): {stage.get(13, 0)} and {stage.get(14, 0)}; the decisive "
-        f"stage (figure 15, seeds {', '.join(map(str, plan['decisive']['seeds']))}): {stage.get(15, 0)}",
+        f"stage (figure 15, seeds {', '.join(map(str, plan['decisive']['seeds']))}): {stage.get(15, 0)}"
+        + (
+            f"; the refinement (figure 16, seeds {', '.join(map(str, refinement['seeds']))}): {stage.get(16, 0)}"
+            if refinement
+            else ""
+        ),
         "- decisive dose per axis by the plan's rule, recomputed from the pilot's runs (mean over the pilot's seeds of"
         f" remedy − GRPO without replay in final pass@1, per dose): {'; '.join(chosen)}",
         f"- applied as planned: primary endpoint final held-out pass@1, δ = {plan['margin']}, collapse rule "
@@ -523,7 +573,8 @@ def section(
         boot = "–" if math.isnan(r.boot_lo) else f"[{r.boot_lo:.3f}, {r.boot_hi:.3f}]"
         lines.append(f"| {r.axis} | {r.dose:g} | {r.arm} | {_fmt(r.delta, r.lo, r.hi, r.n)} | {r.reading} | {boot} | "
                      f"{r.grpo_collapsed} / {r.arm_collapsed} | {r.fisher_p:.3g} |")  # fmt: skip
-    lines += ["", *frontier_sentences(out, summ, plan), ""]
+    lines += ["", *frontier_sentences(out, summ, plan)]
+    lines += [s for s in [refinement_reading(out, comp, plan) if refinement else ""] if s] + [""]
     records = _plain(
         {
             "plan_commit": commit,

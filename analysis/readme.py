@@ -42,6 +42,7 @@ FIGURE_CLAIMS = {
     13: (),  # the routing frontier: its lines quote REPORT.md's frontier section (FRONTIER.json), not a claim row
     14: (),
     15: (),
+    16: (),
 }
 WHAT = {
     1: "GSPO vs GRPO + R2: reward and held-out pass@1 over training",
@@ -62,14 +63,17 @@ WHAT = {
     14: "the routing frontier, axis M (the pilot): router-logit noise in the rollout engine alone, with a control of "
     "matched k3 that moves no routing",
     15: "the routing frontier's decisive stage: four arms, 8 paired seeds, at dose 0 and each axis's decisive dose",
+    16: "the routing frontier refined: axis V at router lr ×60, ×100 and ×170, between its last dose without collapse "
+    "and its first with every run collapsed (seeds 3–8)",
 }
-FRONTIER_AXES = {13: ("V", "positive"), 14: ("M", "control"), 15: ("V", "M")}
+FRONTIER_AXES = {13: ("V", "positive"), 14: ("M", "control"), 15: ("V", "M"), 16: ("V",)}
 NO_CLAIM = {
     5: "a view; no claim of its own",
     12: "a probe at one seed: no interval, no verdict (docs/LOG.md)",
     13: "not in the shipped report yet (docs/FRONTIER.md)",
     14: "not in the shipped report yet (docs/FRONTIER.md)",
     15: "not in the shipped report yet (docs/FRONTIER.md)",
+    16: "planned (experiments/frontier/plan.yaml, `refinement`); no run finished yet",
 }
 
 
@@ -189,8 +193,9 @@ def _results_table(results: Path, records: dict[int, dict], walls: dict) -> str:
         if n in FRONTIER_AXES and (frontier := _frontier_records(results)):
             shown = _frontier_line(n, frontier)
         runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
-        link = f"[{n}](results/cpu/figure-{n}.png)"
-        lines.append(f"| {link} | {WHAT[n]} | {shown or NO_CLAIM[n]} | {runs}, {minutes:.0f} ({cpu}) |")
+        link = f"[{n}](results/cpu/figure-{n}.png)" if (results / f"figure-{n}.png").is_file() else str(n)
+        wall = f"{runs}, {minutes:.0f} ({cpu})" if runs else "– (no run yet)"
+        lines.append(f"| {link} | {WHAT[n]} | {shown or NO_CLAIM[n]} | {wall} |")
     return "\n".join(lines) + "\n"
 
 
@@ -223,14 +228,18 @@ def _frontier_line(figure: int, records: dict) -> str:
             parts.append(f"axis {axis} at {dose:g}: collapsed {down}; Δ final pass@1 {deltas}")
             continue
         mine = arms_of(plan, axis)  # the pilot's arms of the axis, in the plan's order
+        if figure == 16:  # the refinement's doses alone
+            rows = [r for r in rows if r["dose"] in [float(d) for d in plan["refinement"]["doses"]]]
         rows = sorted((r for r in rows if r["arm"] in mine), key=lambda r: (r["dose"], mine.index(r["arm"])))
+        if not rows:
+            continue
         by_dose: dict[float, list[str]] = {}
         for r in rows:
             by_dose.setdefault(r["dose"], []).append(f"{r['collapsed']}/{r['runs']}")
         arms = " / ".join(label(a) for a in mine)
         what = {"positive": "positive control (lr)", "control": "control (head noise)"}.get(axis, f"axis {axis}")
         parts.append(f"{what}, collapsed ({arms}): " + "; ".join(f"{d:g}: {' '.join(v)}" for d, v in by_dose.items()))
-    return "; ".join(parts) + " (REPORT.md's frontier section: every finished seed)"
+    return "; ".join(parts) + " (REPORT.md's frontier section: every finished seed)" if parts else ""
 
 
 def _other_arms(r: dict) -> str:

@@ -31,11 +31,11 @@ def _history(run_id: str, run: str, seed: int, crash: int | None, final: float) 
     return rows
 
 
-def study(figure: int, outcome, seeds=(1, 2)) -> Study:
-    """Figure `figure`'s planned runs at `seeds`, each run's history from `outcome(cfg, run, seed)` →
-    (crash step or None, final pass@1)."""
+def study(figure: int, outcome, seeds=(1, 2), configs=None) -> Study:
+    """Figure `figure`'s planned runs at `seeds` (or the given `figure_configs`, built once for several outcomes),
+    each run's history from `outcome(cfg, run, seed)` → (crash step or None, final pass@1)."""
     runs, rows = [], []
-    for i, (run, cfg) in enumerate(figure_configs(figure, "cpu", list(seeds))):
+    for i, (run, cfg) in enumerate(configs or figure_configs(figure, "cpu", list(seeds))):
         rid = f"r{figure}-{i}"
         runs.append(TrackedRun(run, cfg.seed, cfg, rid, {"git_commit": "0" * 40}))
         rows += _history(rid, run, cfg.seed, *outcome(cfg, run, cfg.seed))
@@ -172,3 +172,37 @@ def test_dropped_runs_are_neither_trained_nor_awaited():
         with pytest.raises(ConfigError, match="bad dropped entry") as err:
             dropped({**spec, "dropped": {"cpu": [bad]}}, "cpu", cells)
         assert "\n" not in str(err.value)
+
+
+def test_figure_16_the_refinement_follows_its_plan_entry_and_its_reading_can_fail():
+    """The refinement (figure 16, plan.yaml `refinement`): its runs are exactly the plan's doses, arms and seeds, inside
+    (×30, ×300); its reading says replay moves the frontier when GRPO without replay collapses from ×100 and GRPO +
+    R2 only from ×300 (4 of 4 against 0 of 4), and says it does not when every arm collapses from the same dose."""
+    spec = PLAN["refinement"]
+    every = {(cfg.seed, run, cfg.train.router_lr_scale) for run, cfg in figure_configs(16, "cpu", spec["seeds"])}
+    assert every == {(s, a, float(d)) for s in spec["seeds"] for a in spec["arms"] for d in spec["doses"]}
+    configs = {f: figure_configs(f, "cpu", spec["seeds"][:4]) for f in (15, 16)}  # 4 seeds: 4 of 4 vs 0 of 4
+    assert all(30 < d < 300 for d in spec["doses"])
+
+    def replay_helps(cfg, run, seed):
+        v = cfg.train.router_lr_scale
+        return (3, 0.0) if v >= (300 if run == "grpo_r2" else 100) else (None, 0.7 + 0.01 * seed)
+
+    def same_wall(cfg, run, seed):
+        return (3, 0.0) if cfg.train.router_lr_scale >= 170 else (None, 0.7 + 0.01 * seed)
+
+    for outcome, says in ((replay_helps, "replay moves the frontier"), (same_wall, "replay does not move")):
+        studies = {f: study(f, outcome, configs=configs[f]) for f in (15, 16)}
+        text, _ = frontier.section(studies, PLAN)
+        line = next(x for x in text.splitlines() if x.startswith("- refinement (figure 16"))
+        assert says in line, line
+        if outcome is replay_helps:
+            assert "grpo ×100, grpo_r2 ×300, gspo ×100" in line and "least Fisher p 0.0143" in line
+        else:
+            assert "grpo ×170, grpo_r2 ×170, gspo ×170" in line
+        assert (
+            "the refinement (figure 16, seeds 3, 4, 5, 6, 7, 8): 36" in text
+            and "(figure 16, seeds 3, 4, 5, 6 of" in line
+        )
+    fig, drawn = draw(studies[16], 16, "t", frontier.decisive_panels(studies[16], PLAN))
+    assert set(drawn[drawn.metric == PASS1].step) == {float(d) for d in spec["doses"]}
