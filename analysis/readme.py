@@ -118,9 +118,15 @@ def _vector(flags: str) -> str:
     return "AVX-512-BF16" if "avx512_bf16" in names else "AVX-512" if "avx512f" in names else "AVX2"
 
 
+def _machine(model: str, flags: str) -> str:
+    """A run's CPU in a few words: its maker's line and its widest vector extension ("AMD EPYC, AVX-512-BF16")."""
+    short = " ".join(w for w in model.replace("(R)", "").split() if w not in ("Processor", "CPU"))
+    return f"{short}, {_vector(flags)}" if short else _vector(flags)
+
+
 def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]:
     """Per figure: its shipped runs, their median wall time (minutes, start to end as MLflow recorded it) and the
-    CPU they were drawn on (the vector extensions its `provenance.cpu_flags` name)."""
+    CPUs they were drawn on (`provenance.cpu`'s model and the vector extensions its `provenance.cpu_flags` name)."""
     from gspo_study.run import run_key
     from gspo_study.study import figure_configs, figures, parse_seeds
 
@@ -128,6 +134,7 @@ def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]
     tags = runs.tags.map(dict)
     runs["key"] = tags.map(lambda t: t.get("run_key"))
     runs["cpu_flags"] = tags.map(lambda t: t.get("provenance.cpu_flags", ""))
+    runs["cpu_model"] = tags.map(lambda t: t.get("provenance.cpu", ""))
     runs["minutes"] = (runs.end_time - runs.start_time) / 60_000
     out = {}
     for name in figures():
@@ -135,7 +142,7 @@ def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]
         keys = {run_key(cfg) for _, cfg in figure_configs(n, scale, parse_seeds(None, scale, n))}
         mine = runs[runs.key.isin(keys)]
         if len(mine):
-            cpu = " + ".join(sorted({_vector(f) for f in mine.cpu_flags}, reverse=True))
+            cpu = " + ".join(sorted({_machine(m, f) for m, f in zip(mine.cpu_model, mine.cpu_flags)}))
             out[n] = (len(mine), float(mine.minutes.median()), cpu)
     return out
 
@@ -157,7 +164,7 @@ def _figure_1(results: Path, records: dict[int, dict], walls: dict) -> str:
         f"and GRPO + R2 {_g(at['GRPO + R2']['mean'])} [{_g(at['GRPO + R2'].lower)}, {_g(at['GRPO + R2'].upper)}]. "
         f"REPORT.md row 2 is judged on its primary measure, {d['measure']}: Δ {_estimate(d)} (95 % half-width) → "
         f"**{r['verdict']}**" + (f"; beside it, not judged into it: {beside}" if beside else "") + ". "
-        f"Its {runs} runs took {minutes:.0f} min each (median) on a 2-core {cpu} EPYC at 1 thread, 2 at a time.\n"
+        f"Its {runs} runs took {minutes:.0f} min each (median) on a 2-core CPU ({cpu}) at 1 thread, 2 at a time.\n"
     )
 
 
