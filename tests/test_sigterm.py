@@ -142,10 +142,13 @@ def _stop_in(monkeypatch, capsys, argv: list[str], at: str, grace: float | None,
             # then see the first SIGTERM before the main thread runs this one's handler (a flaky 143 for 130)
 
     monkeypatch.setattr(stopping, "_inject", timed)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # an earlier test in this worker may have
+    # replaced Python's SIGINT handler; a scheduler's SIGINT meets the default one
     monkeypatch.setenv(stopping.INJECT_ENV, at)
     monkeypatch.setenv(stopping.GRACE_ENV, str(grace or stopping.DEFAULT_GRACE_S))
     capsys.readouterr()
     rc = main(argv)
+    signal.signal(signal.SIGINT, before)
     took = time.monotonic() - sent[0] if sent else float("nan")
     monkeypatch.delenv(stopping.INJECT_ENV)
     err = [line for line in capsys.readouterr().err.splitlines() if line and "Warning" not in line]
