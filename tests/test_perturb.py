@@ -81,6 +81,29 @@ def test_no_dose_is_todays_engine(policy, rollouts):
     assert Perturbation.from_config(load_config(SMOKE).rollout) == Perturbation()
 
 
+def test_preallocated_cache_samples_what_the_growing_cache_did(policy, rollouts, monkeypatch):
+    """The engine's KV cache is sized once per rollout (`PreallocatedLayer`); with transformers' growing
+    `DynamicLayer` put back in its place, every token, log-prob and routing choice is the same, bit for bit."""
+    from transformers.cache_utils import DynamicLayer
+
+    from gspo_study.rollout import hf
+
+    model, tok = policy
+    for name, perturbation in (("none", None), ("noise", Perturbation(router_noise=1.0))):
+        _, batch = rollouts[name]
+        with monkeypatch.context() as m:
+            m.setattr(hf, "PreallocatedLayer", lambda capacity: DynamicLayer())
+            _, grown = _rollout(model, tok, perturbation)
+        assert torch.equal(batch.sequences, grown.sequences) and torch.equal(batch.attention_mask, grown.attention_mask)
+        assert torch.equal(batch.rollout_logprobs, grown.rollout_logprobs)
+        for layer, ids in batch.routing.indices.items():
+            assert torch.equal(ids, grown.routing.indices[layer])
+    layer = hf.PreallocatedLayer(capacity=3)
+    layer.update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
+    with pytest.raises(RuntimeError, match="3 positions asked to hold 4"):
+        layer.update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
+
+
 @pytest.mark.parametrize("dose", ["noise", "bf16", "fp8", "head"])
 def test_a_dose_moves_only_the_rollout_copy(policy, pristine, rollouts, dose):
     """With a dose on, the engine has its own copy (the trainer's weights, synced), the trainer's forward is bit for

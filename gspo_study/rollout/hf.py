@@ -15,6 +15,7 @@ import copy
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from gspo_study.errors import NonFiniteError
 from gspo_study.moe import RoutingTrace, record_routing
@@ -110,12 +111,17 @@ class HFEngine:
 
     def _decode(self, seq, mask, max_new_tokens, temperature, generator, greedy, trace):
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        (B, P), N = seq.shape, max_new_tokens
         cache = DynamicCache(config=self.model.config)
-        finished = torch.zeros(seq.shape[0], dtype=torch.bool)
+        cache.layers = [PreallocatedLayer(P + N - 1) for _ in cache.layers]
+        full_mask = torch.zeros(B, P + N, dtype=mask.dtype)  # the prompt's mask, then one column per fed token
+        full_mask[:, :P] = mask
+        seen = mask.sum(-1, keepdim=True)  # tokens each row has fed so far: the next one's position + 1
+        finished = torch.zeros(B, dtype=torch.bool)
         tokens, logps, alive = [], [], []
         logits = self._prefill(seq, mask, cache, trace)
         with record_routing(self.model) if trace is not None else contextlib.nullcontext() as recorded:
-            for step in range(max_new_tokens):
+            for step in range(N):
                 tok, tok_logp = self._sample(logits, step, temperature, generator, greedy)
                 live = ~finished
                 tok = torch.where(live, tok, torch.full_like(tok, pad))
@@ -123,10 +129,11 @@ class HFEngine:
                 logps.append(torch.where(live, tok_logp, torch.zeros_like(tok_logp)))
                 alive.append(live)
                 finished = finished | (tok == eos)
-                if finished.all() or step == max_new_tokens - 1:
+                if finished.all() or step == N - 1:
                     break  # the last sampled token is never fed through the model
-                mask = torch.cat([mask, live.long()[:, None]], dim=1)
-                logits = self._logits(tok[:, None], mask, mask.sum(-1, keepdim=True) - 1, cache)
+                full_mask[:, P + step] = live
+                seen = seen + live[:, None]
+                logits = self._logits(tok[:, None], full_mask[:, : P + step + 1], seen - 1, cache)
         if trace is not None:
             for layer, ids in recorded.indices.items():
                 trace.append(layer, ids)
@@ -171,3 +178,32 @@ class HFEngine:
             prompt_len=prompt_len,
             routing=routing,
         )
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer sized once for the whole rollout (`capacity` positions): each update writes its positions in
+    place and returns views of the filled part, the same keys and values `DynamicLayer`'s per-token concatenation
+    builds, without copying the whole cache at every decode step."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        B, H, _, D = key_states.shape
+        self._keys = key_states.new_empty(B, H, self.capacity, D)
+        self._values = value_states.new_empty(B, H, self.capacity, value_states.shape[-1])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache of {self.capacity} positions asked to hold {end}")
+        self._keys[:, :, self.length : end].copy_(key_states)
+        self._values[:, :, self.length : end].copy_(value_states)
+        self.length = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
