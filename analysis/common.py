@@ -26,7 +26,7 @@ import pandas as pd
 
 from gspo_study.config import Config, ConfigError
 from gspo_study.run import run_key, tracking_uri
-from gspo_study.tracking import find_run, metric_name
+from gspo_study.tracking import find_run, metric_name, open_client
 
 REWARD, PASS1, FLOPS = "rollout/reward/mean", "eval/pass@1", "compute/flops"
 X_NAMES = {"compute": FLOPS, "steps": "step"}
@@ -97,15 +97,13 @@ def _client(uri: str):
     """A client for `uri`; an unreachable server is a one-line ConfigError, found fast (no retry storm)."""
     import urllib.request
 
-    from mlflow import MlflowClient
-
     if uri.startswith(("http://", "https://")):
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
         except OSError as exc:
             raise ConfigError(f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__})") from None
     try:
-        return MlflowClient(tracking_uri=uri)
+        return open_client(uri)
     except Exception as exc:  # noqa: BLE001 - MLflow refuses an unknown scheme with several exception types
         raise ConfigError(
             f"MLflow tracking URI {uri!r} is not usable ({type(exc).__name__}); allowed: sqlite:///<file>, "

@@ -64,7 +64,7 @@ from gspo_study.run import resolve_run, run_key
 from gspo_study.runtime import autocast
 from gspo_study.sft import lr_lambda, sft_loss
 from gspo_study.tasks import get_task
-from gspo_study.tracking import find_run, mlflow_key
+from gspo_study.tracking import find_run, mlflow_key, open_client
 from gspo_study.train.forward import token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -578,7 +578,6 @@ def part_suite(state: dict) -> dict:
             "reason": f"the suite's commands need {', '.join(missing)} (`make install` with a CUDA torch: "
             "make install TORCH_SPEC='torch>=2.6')",
         }
-    from mlflow import MlflowClient
     from safetensors.torch import load_file
 
     device, tiny, check = state["device"], state["shape"] == "tiny", state["check"]
@@ -599,7 +598,7 @@ def part_suite(state: dict) -> dict:
     ckpt = resolve_run(load([ROOT / coldstart], [*common, *sft])).coldstart
     out["sft"] = json.loads((ckpt / "sft_log.json").read_text())["meta"]
     before = load_file(str(next(ckpt.glob("*.safetensors"))))
-    client = MlflowClient(store)
+    client = open_client(store)
     for run in runs:
         files = [base, f"experiments/runs/{run}.yaml"]
         over = [*common, *train, f"init_checkpoint={ckpt}"]

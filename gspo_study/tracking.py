@@ -72,19 +72,25 @@ def git_commit(short: bool = False) -> str:
         return "unknown"
 
 
-def _client(uri: str):
-    """A client of the store at `uri`. Never `mlflow.set_tracking_uri`: it sets `$MLFLOW_TRACKING_URI` for the whole
-    process, and every later run of the process without `tracking.uri` would log into this store, whatever its
-    `results_dir` (`run.tracking_uri` reads the variable)."""
+def quiet_store_logs() -> None:
+    """Silence MLflow's store chatter: the schema-creation lines every new store prints ("Creating initial MLflow
+    database tables...", alembic's migration steps) and the traceback the store logs before raising a database
+    error (the exception still reaches the caller: the CLI says a full disk in one line, and shows a traceback
+    for anything unexpected). Without it a one-line error on a fresh store arrives with MLflow's lines beside it."""
     import logging
 
-    from mlflow import MlflowClient
-
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # schema-creation chatter on every new store
-    # the store logs every database error with its traceback before raising it; the exception still reaches the
-    # caller (the CLI says a full disk in one line, and shows a traceback for anything unexpected)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
+
+def open_client(uri: str):
+    """A client of the store at `uri`, quiet (`quiet_store_logs`); every part of the suite opens its clients here.
+    Never `mlflow.set_tracking_uri`: it sets `$MLFLOW_TRACKING_URI` for the whole process, and every later run of
+    the process without `tracking.uri` would log into this store, whatever its `results_dir` (`run.tracking_uri`
+    reads the variable)."""
+    from mlflow import MlflowClient
+
+    quiet_store_logs()
     return MlflowClient(tracking_uri=uri)
 
 
@@ -139,7 +145,7 @@ def _connect_once(uri: str, experiment: str):
     with FileLock(f"{db}.lock", timeout=300) if db is not None else nullcontext():
         if db is not None:
             _create_sqlite_store(db, uri)
-        client = _client(uri)
+        client = open_client(uri)
         return client, _experiment_id(client, experiment, uri)
 
 
@@ -214,12 +220,9 @@ def _template_path() -> Path:
 
 def _migrated_store() -> bytes:
     """A new store built by MLflow itself (its schema migrations), as bytes."""
-    import logging
-
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    for name in ("mlflow.store.db.utils", "alembic"):  # schema-creation chatter, as in `_client`
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_store_logs()
     with tempfile.TemporaryDirectory() as scratch:
         db = Path(scratch) / "mlflow.db"
         SqlAlchemyStore(f"sqlite:///{db}", (Path(scratch) / "mlartifacts").as_uri()).engine.dispose()

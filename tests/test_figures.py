@@ -4,6 +4,7 @@ equals what the test recomputes on its own from the MLflow metric histories."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from pathlib import Path
@@ -209,6 +210,13 @@ def test_steps_axis(study):
 
 def test_missing_run_is_a_one_line_error(study, capsys, tmp_path):
     _, overrides = study
+    # on a store that does not exist yet too: MLflow's table-creation lines (INFO, as on a fresh process) stay out
+    for name in ("alembic", "mlflow.store.db.utils"):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    fresh = [f"results_dir={tmp_path / 'fresh'}"]
+    assert figures.main(["--figure", "1", "--scale", "smoke", "--seeds", "9", *fresh]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "gspo seed 9" in err, err
     # seed 1's runs finished (already, after test_figure_from_tracked_runs) and the store made: alone, this test
     # would otherwise read MLflow's table-creation lines in stderr and find no finished run for --partial
     run_figure(1, "smoke", [1], overrides)
