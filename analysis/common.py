@@ -499,8 +499,10 @@ def _log_x(ax, rows: pd.DataFrame) -> None:
 def _draw_references(ax, rows: pd.DataFrame, colors, styles) -> None:
     for r in rows.itertuples():
         ax.axhline(r.line, color=colors.get(r.run, "grey"), linestyle="--", linewidth=1)
-        ax.annotate(f"{r.line:.3g}", (1, r.line), xycoords=("axes fraction", "data"), xytext=(-2, 2),
-                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color="0.3")  # fmt: skip
+        below = r.line < 0  # a negative line's label goes under it (a margin's −δ would sit on the bars near 0)
+        ax.annotate(f"{r.line:.3g}", (1, r.line), xycoords=("axes fraction", "data"), xytext=(-2, -2 if below else 2),
+                    textcoords="offset points", ha="right", va="top" if below else "bottom", fontsize=7,
+                    color="0.3", zorder=5)  # fmt: skip
 
 
 DRAW = {"bar": _draw_bars, "curve": _draw_curves, "point": _draw_points, "reference": _draw_references}

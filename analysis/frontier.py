@@ -352,19 +352,23 @@ def dodge(dose: float, i: int, n: int, log: bool, top: float = 0.3) -> float:
     return dose * (1 + DODGE) ** k if log else dose + k * DODGE * top / 10
 
 
-def survival_rows(out: pd.DataFrame, axis: str, dose: float, panel: str) -> pd.DataFrame:
-    """Panel (d): per arm, the Kaplan–Meier share of runs not yet collapsed against the step, at one dose."""
+def survival_rows(out: pd.DataFrame, axis: str, dose: float | list[float], panel: str) -> pd.DataFrame:
+    """Panel (d): per arm, the Kaplan–Meier share of runs not yet collapsed against the step, at one dose or at
+    several (then each dose is its own metric, `frontier/survival, dose D`, so it gets its own line style)."""
     from analysis.common import COLUMNS, label
 
+    doses = [dose] if np.isscalar(dose) else list(dose)
     rows = []
-    g = out[(out.axis == axis) & np.isclose(out.dose, dose)]
-    for arm, a in g.groupby("arm", sort=False):
-        xs, ys = kaplan_meier(a.collapse_step, a.collapsed)
-        end = float(a.collapse_step.max())
-        xs, ys = np.append(xs, end), np.append(ys, ys[-1])  # the curve runs to the last censored step
-        xs, ys = np.repeat(xs, 2)[1:], np.repeat(ys, 2)[:-1]  # drawn as a step function: flat, then a drop
-        for x, y in zip(xs, ys):
-            rows.append(_row(panel, "curve", label(arm), arm, "frontier/survival", "step", x, y, n=len(a), step=x))
+    for d in doses:
+        metric = "frontier/survival" if len(doses) == 1 else f"frontier/survival, dose {d:g}"
+        g = out[(out.axis == axis) & np.isclose(out.dose, d)]
+        for arm, a in g.groupby("arm", sort=False):
+            xs, ys = kaplan_meier(a.collapse_step, a.collapsed)
+            end = float(a.collapse_step.max())
+            xs, ys = np.append(xs, end), np.append(ys, ys[-1])  # the curve runs to the last censored step
+            xs, ys = np.repeat(xs, 2)[1:], np.repeat(ys, 2)[:-1]  # drawn as a step function: flat, then a drop
+            for x, y in zip(xs, ys):
+                rows.append(_row(panel, "curve", label(arm), arm, metric, "step", x, y, n=len(a), step=x))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -443,11 +447,14 @@ def decisive_panels(study: Study, plan: dict | None = None) -> list:
         result.append(Panel(pd.DataFrame([*rows, *refs], columns=COLUMNS),
                             f"({p}) axis {axis}: Δ final pass@1 vs GRPO (paired)",
                             "Δ pass@1 (95 % t)", x))  # fmt: skip
-        top = max(t.dose)
-        if top > min(t.dose):
+        # time to collapse at every dose but the axis's first (today's level): figure 15's decisive dose, figure
+        # 16's three refinement doses (one line style each)
+        doses = [d for d in sorted(t.dose.unique()) if not np.isclose(d, float(plan["axes"][axis]["doses"][0]))]
+        if doses:
             p = next(letters)
-            result.append(Panel(survival_rows(out, axis, top, p), f"({p}) axis {axis}: not yet collapsed, at dose "
-                                f"{top:g}", "share of runs (Kaplan–Meier)", "RL step"))  # fmt: skip
+            at = f"at dose {doses[0]:g}" if len(doses) == 1 else "per dose (line style)"
+            result.append(Panel(survival_rows(out, axis, doses, p), f"({p}) axis {axis}: not yet collapsed, {at}",
+                                "share of runs (Kaplan–Meier)", "RL step"))  # fmt: skip
     return result
 
 

@@ -142,6 +142,10 @@ def test_figure_15_the_decisive_stage():
     assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
     margins = drawn[drawn.kind == "reference"]
     assert len(margins) == 4 and set(margins.line.abs()) == {PLAN["margin"]}
+    assert [p.title for p in panels if "collapsed, at" in p.title] == [
+        "(d) axis V: not yet collapsed, at dose 300",
+        "(h) axis M: not yet collapsed, at dose 0.3",
+    ]
     text, _ = frontier.section({15: s}, PLAN)
     assert "the decisive stage (figure 15, seeds 1, 2, 3, 4, 5, 6, 7, 8): 92" in text  # 96 planned, 4 dropped
     assert "decisive dose per axis by the plan's rule" in text and "V 300 (gaps:" in text
@@ -204,5 +208,13 @@ def test_figure_16_the_refinement_follows_its_plan_entry_and_its_reading_can_fai
             "the refinement (figure 16, seeds 3, 4, 5, 6, 7, 8): 36" in text
             and "(figure 16, seeds 3, 4, 5, 6 of" in line
         )
-    fig, drawn = draw(studies[16], 16, "t", frontier.decisive_panels(studies[16], PLAN))
+    panels = frontier.decisive_panels(studies[16], PLAN)
+    fig, drawn = draw(studies[16], 16, "t", panels)
     assert set(drawn[drawn.metric == PASS1].step) == {float(d) for d in spec["doses"]}
+    # time to collapse at each of the three doses, one line style each (figure 15: its decisive dose alone)
+    assert panels[-1].title == "(d) axis V: not yet collapsed, per dose (line style)"
+    km = drawn[drawn.metric.str.startswith("frontier/survival")]
+    assert set(km.metric) == {f"frontier/survival, dose {d:g}" for d in spec["doses"]}
+    lowest = km.groupby("metric").line.min().to_dict()  # the last outcome: every arm collapses from ×170 alone
+    assert lowest == {"frontier/survival, dose 60": 1.0, "frontier/survival, dose 100": 1.0,
+                      "frontier/survival, dose 170": 0.0}  # fmt: skip
