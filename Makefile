@@ -95,6 +95,8 @@ report: install
 bench: install
 	$(PY) -c "import trl" 2>/dev/null || $(PY) -m pip install -q -e '.[$(EXTRAS),bench]' '$(TORCH_SPEC)'
 	$(PY) -m benchmarks.bench_replay --threads 1 --out results/bench_replay.json
+	@# the 8-layer CPU cold start (results/cpu/checkpoints/coldstart, ~2.5 min the first time): without it the RL bench times a random init
+	$(PY) -m gspo_study eval --scale cpu --samples 1 --num-prompts 1 model.num_hidden_layers=8 > /dev/null
 	$(PY) -m benchmarks.bench_rl --threads 2 --out results/bench.json
 	@# the 4-layer CPU cold start (figure 11's; ~4 min the first time), for the memory and telemetry benchmarks
 	$(PY) -m gspo_study eval --scale cpu --samples 1 --num-prompts 1 model.num_hidden_layers=4 > /dev/null

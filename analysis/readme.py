@@ -415,7 +415,11 @@ def _bench_trl(results: Path = ROOT / "results") -> str:
     ours = [f["runs"][k]["efficiency"] for k in ("ours-gspo", "ours-grpo-r2")]
     trl = [v["efficiency"] for k, v in f["runs"].items() if k.startswith("trl-")]
     need = [v["efficiency"] for v in f["at_2x"].values()]
-    pct = lambda xs: f"{min(xs):.0%}–{max(xs):.0%}".replace("%–", "–")  # noqa: E731
+
+    def pct(xs: list[float]) -> str:  # one value when the range's ends round alike ("17%", not "17–17%")
+        lo, hi = f"{min(xs):.0%}", f"{max(xs):.0%}"
+        return lo if lo == hi else f"{lo[:-1]}–{hi}"
+
     return (
         f"Tokens per second of an RL step against TRL's (`results/bench.json`, the machine at "
         f"{f['gemm_gflops']:.0f} GFLOP/s): GSPO {r['ours-gspo / trl-gspo']:.2f}× and GRPO + R2 "
