@@ -352,12 +352,11 @@ def dodge(dose: float, i: int, n: int, log: bool, top: float = 0.3) -> float:
     return dose * (1 + DODGE) ** k if log else dose + k * DODGE * top / 10
 
 
-def survival_rows(out: pd.DataFrame, axis: str, dose: float | list[float], panel: str) -> pd.DataFrame:
-    """Panel (d): per arm, the Kaplan–Meier share of runs not yet collapsed against the step, at one dose or at
-    several (then each dose is its own metric, `frontier/survival, dose D`, so it gets its own line style)."""
+def survival_rows(out: pd.DataFrame, axis: str, doses: list[float], panel: str) -> pd.DataFrame:
+    """Panel (d): per arm, the Kaplan–Meier share of runs not yet collapsed against the step, at each dose (with
+    several, each dose is its own metric, `frontier/survival, dose D`, so it gets its own line style)."""
     from analysis.common import COLUMNS, label
 
-    doses = [dose] if np.isscalar(dose) else list(dose)
     rows = []
     for d in doses:
         metric = "frontier/survival" if len(doses) == 1 else f"frontier/survival, dose {d:g}"
@@ -400,7 +399,7 @@ def panels(study: Study, figure: int, plan: dict | None = None, calibration: Pat
     dose = decisive_dose(out, plan, axis)
     if dose is not None:
         p = next(letters)
-        result.append(Panel(survival_rows(out, axis, dose, p), f"({p}) not yet collapsed, at dose {dose:g}",
+        result.append(Panel(survival_rows(out, axis, [dose], p), f"({p}) not yet collapsed, at dose {dose:g}",
                             "share of runs (Kaplan–Meier)", "RL step"))  # fmt: skip
     extra = "positive" if axis == "V" else "control"
     if (summ.axis == extra).any():

@@ -217,8 +217,7 @@ def test_missing_run_is_a_one_line_error(study, capsys, tmp_path):
     assert figures.main(["--figure", "1", "--scale", "smoke", "--seeds", "9", *fresh]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "gspo seed 9" in err, err
-    # seed 1's runs finished (already, after test_figure_from_tracked_runs) and the store made: alone, this test
-    # would otherwise read MLflow's table-creation lines in stderr and find no finished run for --partial
+    # seed 1's runs finished (already, after test_figure_from_tracked_runs): --partial below draws from them
     run_figure(1, "smoke", [1], overrides)
     capsys.readouterr()
     assert figures.main(["--figure", "1", "--scale", "smoke", "--seeds", "9", *overrides]) == 2
