@@ -91,8 +91,10 @@ report: install
 	$(PY) -m analysis.report --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURE),--figure $(FIGURE)) $(OVERRIDES)
 	$(if $(and $(filter cpu,$(SCALE)),$(if $(FIGURE)$(SEEDS)$(OVERRIDES),,y)),$(PY) -m analysis.readme --scale cpu)
 
-# Speed and overhead measurements (not tests): routing-replay overhead, rollout and RL step vs TRL.
+# Speed and overhead measurements (not tests): routing-replay overhead, rollout and RL step vs TRL; the last line
+# prints issue 50's targets (benchmarks/targets.py), the whole command's wall time among them.
 bench: install
+	$(PY) -m benchmarks.targets --start
 	$(PY) -c "import trl" 2>/dev/null || $(PY) -m pip install -q -e '.[$(EXTRAS),bench]' '$(TORCH_SPEC)'
 	$(PY) -m benchmarks.bench_replay --threads 1 --out results/bench_replay.json
 	@# the 8-layer CPU cold start (results/cpu/checkpoints/coldstart, ~2.5 min the first time): without it the RL bench times a random init
@@ -103,6 +105,7 @@ bench: install
 	$(PY) -m benchmarks.bench_memory --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_memory.json
 	$(PY) -m benchmarks.bench_telemetry --checkpoint results/cpu/checkpoints/coldstart-L4 --out results/bench_telemetry.json
 	$(MAKE) --no-print-directory vllm-env && $(VLLM_PY) -m benchmarks.bench_vllm --threads 1 --out results/bench_vllm.json
+	$(PY) -m benchmarks.targets
 
 # The prepared GPU check (benchmarks/gpu_check.py; <= 8 min on one CUDA GPU, results.json + summary.txt in GPU_OUT):
 # the HF engine and GSPO / GRPO (none, R2, R3) on a 48-layer, 128-expert, top-8 miniature in bf16, routing volatility per
