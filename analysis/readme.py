@@ -396,6 +396,38 @@ def _bench_memory(results: Path = ROOT / "results") -> str:
     return _script("bench_memory").table(json.loads((results / "bench_memory.json").read_text())) + "\n"
 
 
+def _bench_vllm(results: Path = ROOT / "results") -> str:
+    """docs/SCALE.md: the vLLM CPU engine's rollout speed against the HF engine's (results/bench_vllm.json)."""
+    d = json.loads((results / "bench_vllm.json").read_text())
+    cases = d["cases"]
+    hf = cases.get("hf-float32", {}).get("tokens_per_s")
+    speeds = ", ".join(
+        f"{name} {c['tokens_per_s']:.0f}" + (f" ({c['tokens_per_s'] / hf:.2f}×)" if hf and name != "hf-float32" else "")
+        for name, c in cases.items()
+    )
+    starts = [c["engine_import_s"] + c["engine_start_s"] for c in cases.values() if "engine_start_s" in c]
+    start = f"; vLLM's import + engine start {min(starts):.0f}–{max(starts):.0f} s" if starts else ""
+    load = d.get("load_average_before") or ["?"]
+    return (
+        f"Speed (`benchmarks/bench_vllm.py`, in `make bench`; `results/bench_vllm.json`): the bench batch "
+        f"({d['batch']['prompts']} × {d['batch']['group']}, ≤ {d['batch']['max_new_tokens']} new tokens) on the "
+        f"{d['model']} at {d['threads']} thread(s), {d['machine'].split(',')[0]} at load {load[0]}: response "
+        f"tokens/s {speeds}{start}.\n"
+    )
+
+
+def _bench_targets(results: Path = ROOT / "results") -> str:
+    """docs/RELIABILITY.md: issue 50's targets as `make bench` last read them (results/bench_targets.json)."""
+    d = json.loads((results / "bench_targets.json").read_text())
+    verdict = {None: "not measured", True: "met", False: "**not met**"}
+    lines = ["| target | measured | bound | verdict |", "|---|---|---|---|"]
+    for r in d["targets"]:
+        v = "–" if r["value"] is None else f"{r['value']:.3g}"
+        lines.append(f"| {r['target']} | {v} | {'≥' if r['at_least'] else '≤'} {r['bound']:g} | {verdict[r['met']]} |")
+    where = d["machine"].get("bench.json") or d["machine"]["this process"]
+    return "\n".join(lines) + f"\n\nOn the {where.split(',')[0]}; `results/bench_targets.json` names its CPU flags.\n"
+
+
 def _gpu_scale() -> str:
     """docs/SCALE.md: per figure at the gpu scale, its runs, steps, estimated peak memory and time (its configs)."""
     gpu_scale = _script("gpu_scale")
@@ -449,8 +481,12 @@ def _calibration(results: Path = ROOT / "results") -> str:
 MEASURED = {
     ROOT / "docs" / "FRONTIER.md": {"calibration": _calibration},
     ROOT / "docs" / "METRICS.md": {"telemetry-subsample": _telemetry_subsample},
-    ROOT / "docs" / "RELIABILITY.md": {"bench-memory": _bench_memory, "bench-trl": _bench_trl},
-    ROOT / "docs" / "SCALE.md": {"gpu-model": _gpu_model, "gpu-scale": _gpu_scale},
+    ROOT / "docs" / "RELIABILITY.md": {
+        "bench-memory": _bench_memory,
+        "bench-trl": _bench_trl,
+        "bench-targets": _bench_targets,
+    },
+    ROOT / "docs" / "SCALE.md": {"gpu-model": _gpu_model, "gpu-scale": _gpu_scale, "bench-vllm": _bench_vllm},
 }
 
 

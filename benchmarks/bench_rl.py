@@ -511,11 +511,13 @@ def part_floor(args) -> dict:
     }
     out = {"active_params": active_params(cfg), "prompt_tokens": int(prompt_mask.sum()), "gemm": {}}
     for name, (m, k, n) in shapes.items():
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        # into one preallocated output: a fresh 0.5 MB result per call is an mmap + page faults in glibc's malloc,
+        # whose cost depends on the allocator's history (this rate read 100-240 GFLOP/s from run to run that way)
+        a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
         reps = max(10, int(2e9 / (2 * m * k * n)))  # ~2 GFLOP per timing
         seconds = []
-        for rep in range(6):
-            t, _ = timed(lambda a=a, b=b, reps=reps: [torch.mm(a, b) for _ in range(reps)])
+        for rep in range(11):
+            t, _ = timed(lambda a=a, b=b, c=c, reps=reps: [torch.mm(a, b, out=c) for _ in range(reps)])
             if rep:
                 seconds.append(t / reps)
         out["gemm"][name] = {"shape": [m, k, n], "gflops": 2 * m * k * n / median(seconds) / 1e9}

@@ -22,8 +22,14 @@ def test_a_changed_measurement_is_caught(tmp_path):
     bench = json.loads((readme.ROOT / "results" / "bench_memory.json").read_text())
     bench["cases"][0]["measured_step_mib"] += 100
     (tmp_path / "bench_memory.json").write_text(json.dumps(bench))
-    changed = readme.rewrite(text, {"bench-memory": readme._bench_memory(tmp_path), "bench-trl": "x\n"})
+    others = {"bench-trl": "x\n", "bench-targets": "x\n"}
+    changed = readme.rewrite(text, {"bench-memory": readme._bench_memory(tmp_path), **others})
     assert changed != text and f"| {bench['cases'][0]['measured_step_mib']:.0f} MiB |" in changed
+    targets = json.loads((readme.ROOT / "results" / "bench_targets.json").read_text())
+    targets["targets"][0].update(value=1.6, met=True)  # a step at 1.6x TRL's: the table must say it is met
+    (tmp_path / "bench_targets.json").write_text(json.dumps(targets))
+    block = readme._bench_targets(tmp_path)
+    assert f"| {targets['targets'][0]['target']} | 1.6 | ≥ 1.5 | met |" in block
 
 
 def test_test_time_is_one_file():
