@@ -370,7 +370,6 @@ def route_baseline(ctx: Context, batch: RolloutBatch, old: OldPolicy) -> tuple[t
     return old.train_logprobs, old.natural
 
 
-@torch.inference_mode()  # its outputs are floats, so no autograd bookkeeping at all (same numbers, docs/LOG.md)
 def telemetry(ctx: Context, inputs: StepInputs, step: int = 0) -> dict[str, float]:
     """After the step's last update, on its rollout: routing volatility (updated policy vs π_old), the share of
     the importance log-ratio that is routing (`moe/route/*`), both on `telemetry.route_rows` of the responses;
