@@ -104,29 +104,6 @@ def test_preallocated_cache_samples_what_the_growing_cache_did(policy, rollouts,
         layer.update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
 
 
-def test_inference_mode_samples_what_no_grad_did(policy, rollouts, monkeypatch):
-    """The engine decodes under `torch.inference_mode` (`hf.DECODE_MODE`); under plain `no_grad` every token,
-    log-prob and routing choice is the same, bit for bit, and nothing it returns is an inference tensor (autograd
-    would refuse to save one: R3's replayed ids, π_old = μ in the loss)."""
-    from gspo_study.rollout import hf
-
-    model, tok = policy
-    for name, perturbation in (("none", None), ("noise", Perturbation(router_noise=1.0))):
-        _, batch = rollouts[name]
-        with monkeypatch.context() as m:
-            m.setattr(hf, "DECODE_MODE", torch.no_grad)
-            _, plain = _rollout(model, tok, perturbation)
-        assert torch.equal(batch.sequences, plain.sequences) and torch.equal(batch.attention_mask, plain.attention_mask)
-        assert torch.equal(batch.rollout_logprobs, plain.rollout_logprobs)
-        assert batch.routing.indices.keys() == plain.routing.indices.keys()
-        for layer, ids in batch.routing.indices.items():
-            assert torch.equal(ids, plain.routing.indices[layer]) and not ids.is_inference()
-        tensors = (batch.sequences, batch.attention_mask, batch.response_mask, batch.rollout_logprobs, batch.truncated)
-        assert not any(t.is_inference() for t in tensors)
-    one = HFEngine(model, tok).generate(PROMPTS, 1, 1.0, torch.Generator().manual_seed(7), capture_routing=True)
-    assert not any(ids.is_inference() for ids in one.routing.indices.values())  # prefill's ids alone: one chunk
-
-
 @pytest.mark.parametrize("dose", ["noise", "bf16", "fp8", "head"])
 def test_a_dose_moves_only_the_rollout_copy(policy, pristine, rollouts, dose):
     """With a dose on, the engine has its own copy (the trainer's weights, synced), the trainer's forward is bit for

@@ -23,7 +23,6 @@ from gspo_study.rollout.base import RolloutBatch, encode_prompts, position_ids_f
 from gspo_study.rollout.perturb import Perturbation, PerturbedCopy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DECODE_MODE = torch.inference_mode  # the autograd mode prefill and decode run in (see `generate`)
 
 
 class HFEngine:
@@ -78,18 +77,13 @@ class HFEngine:
             generator = [torch.Generator().manual_seed(int(s)) for s in row_seeds]
         if self.perturbed is not None:
             self.perturbed.reseed(generator)
-        recorded = RoutingTrace() if capture_routing else None
+        trace = RoutingTrace() if capture_routing else None
         was_training = self.model.training
         self.model.eval()
         try:
-            # inference mode: no autograd bookkeeping on any op (same kernels, same numbers; ≈ 5 % of a rollout at
-            # the CPU scale, docs/LOG.md). Its tensors are inference tensors, which autograd refuses to save, so
-            # what leaves the engine is rebuilt outside it: `_to_batch`'s outputs and the routing trace's ids.
-            with DECODE_MODE():
-                out = self._decode(seq, mask, max_new_tokens, temperature, generator, greedy, recorded)
+            out = self._decode(seq, mask, max_new_tokens, temperature, generator, greedy, trace)
         finally:
             self.model.train(was_training)
-        trace = None if recorded is None else RoutingTrace({k: v.clone() for k, v in recorded.indices.items()})
         return self._to_batch(mask, *out, routing=trace)
 
     def _logits(self, ids, mask, pos, cache) -> torch.Tensor:
