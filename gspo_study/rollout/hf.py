@@ -55,6 +55,8 @@ class HFEngine:
     def close(self) -> None:
         """Nothing to release (the engines' common interface: the trainer closes its engine at the end)."""
 
+    # no_grad, not inference_mode: the latter was bit-identical and ~5 % faster per rollout, but under DeepSpeed the
+    # parameters it touches become inference tensors and the next training forward fails (docs/LOG.md, 2026-12-07)
     @torch.no_grad()
     def generate(
         self,
