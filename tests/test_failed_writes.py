@@ -117,6 +117,7 @@ def test_cold_start_write_fails_midway(tmp_path, disk):
     # the cold start's lock is taken after the free-space probe and before the 60 steps; the checkpoint's own
     # directory appears only as it is written, too late on a fast machine (the save takes milliseconds)
     locked = lock_file(f"coldstart:{(checkpoints / 'coldstart').resolve()}")
+    locked.unlink(missing_ok=True)  # a lock file outlives its lock: an earlier run at this path would fire it now
     rc, err = run_until_full(["sft", SMOKE, *over], locked.exists, disk)
     assert (
         rc == 4 and one_line(err).startswith("error: a write failed (") and "No space left on device" in one_line(err)
