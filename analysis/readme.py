@@ -418,12 +418,14 @@ def _bench_vllm(results: Path = ROOT / "results") -> str:
 
 def _bench_targets(results: Path = ROOT / "results") -> str:
     """docs/RELIABILITY.md: issue 50's targets as `make bench` last read them (results/bench_targets.json)."""
+    targets = _script("targets")
     d = json.loads((results / "bench_targets.json").read_text())
-    verdict = {None: "not measured", True: "met", False: "**not met**"}
     lines = ["| target | measured | bound | verdict |", "|---|---|---|---|"]
     for r in d["targets"]:
         v = "–" if r["value"] is None else f"{r['value']:.3g}"
-        lines.append(f"| {r['target']} | {v} | {'≥' if r['at_least'] else '≤'} {r['bound']:g} | {verdict[r['met']]} |")
+        said = targets.VERDICT[r["met"]]
+        said = f"**{said}**" if r["met"] is False else said
+        lines.append(f"| {r['target']} | {v} | {targets.bound_text(r)} | {said} |")
     where = d["machine"].get("bench.json") or d["machine"]["this process"]
     return "\n".join(lines) + f"\n\nOn the {where.split(',')[0]}; `results/bench_targets.json` names its CPU flags.\n"
 

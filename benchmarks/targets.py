@@ -25,6 +25,7 @@ from benchmarks.common import machine, print_table
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 STAMP = RESULTS / ".bench-started"
+VERDICT = {None: "not measured", True: "met", False: "not met"}  # a row's `met`, in words (here and in the docs)
 PAIRS = {  # bench.json's ratio -> its row here
     "ours-gspo (incl. telemetry) / trl-gspo": "GSPO step incl. telemetry / TRL's",
     "ours-grpo-r2 (incl. telemetry) / trl-grpo": "GRPO + R2 step incl. telemetry / TRL's GRPO",
@@ -68,6 +69,10 @@ def readings(bench: dict, telemetry: dict, wall_s: float | None) -> list[dict]:
     return rows
 
 
+def bound_text(row: dict) -> str:
+    return ("≥ " if row["at_least"] else "≤ ") + f"{row['bound']:g}"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--start", action="store_true", help="stamp the start of `make bench` and exit")
@@ -89,13 +94,9 @@ def main(argv=None) -> None:
         "this process": machine(),
     }
     args.out.write_text(json.dumps({"machine": where, "targets": rows}, indent=1))
-    verdict = {None: "not measured", True: "met", False: "NOT met"}
     print_table(
         ["target", "measured", "bound", "verdict"],
-        [
-            [r["target"], r["value"], ("≥ " if r["at_least"] else "≤ ") + f"{r['bound']:g}", verdict[r["met"]]]
-            for r in rows
-        ],
+        [[r["target"], r["value"], bound_text(r), VERDICT[r["met"]].replace("not met", "NOT met")] for r in rows],
         f"issue 50's targets, on {where['this process']}",
     )
     if len({m for m in where.values() if m}) > 1:
