@@ -430,6 +430,25 @@ def _bench_targets(results: Path = ROOT / "results") -> str:
     return "\n".join(lines) + f"\n\nOn the {where.split(',')[0]}; `results/bench_targets.json` names its CPU flags.\n"
 
 
+def _bench_ab(results: Path = ROOT / "results") -> str:
+    """docs/RELIABILITY.md: issue 50's before and after, one line per shape (results/bench_ab_<shape>.json,
+    `python -m benchmarks.bench_ab`)."""
+    lines = []
+    for path in sorted(results.glob("bench_ab_*.json")):
+        d = json.loads(path.read_text())
+        c, s, n = d["config"], d["summary"], d["numbers"]
+        pairs = ", ".join(f"{p['step_a_over_b']:.3f}" for p in s["pairs"])
+        moved = ", ".join(f"`{k}/*`" for k in sorted({k.rsplit("/", 1)[0] for k in n["differ"]})) or "none"
+        lines.append(
+            f"- {c['shape']} shape (`{path.name}`, {c['machine'].split(',')[0]}): {c['after']} against {c['before']}, "
+            f"{c['pairs']} pairs of {c['steps']} steps: {s['median_step_s']['A']:.2f} s per step against "
+            f"{s['median_step_s']['B']:.2f} s, A/B {s['median_step_a_over_b']:.3f} (pairs {pairs}; whole process "
+            f"{s['median_wall_a_over_b']:.3f}); {len(n['same'])} metric keys bit-equal at every step, "
+            f"{len(n['differ'])} differ ({moved}), {len(n['unmatched'])} unmatched."
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _gpu_scale() -> str:
     """docs/SCALE.md: per figure at the gpu scale, its runs, steps, estimated peak memory and time (its configs)."""
     gpu_scale = _script("gpu_scale")
@@ -487,6 +506,7 @@ MEASURED = {
         "bench-memory": _bench_memory,
         "bench-trl": _bench_trl,
         "bench-targets": _bench_targets,
+        "bench-ab": _bench_ab,
     },
     ROOT / "docs" / "SCALE.md": {"gpu-model": _gpu_model, "gpu-scale": _gpu_scale, "bench-vllm": _bench_vllm},
 }

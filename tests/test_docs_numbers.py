@@ -22,7 +22,7 @@ def test_a_changed_measurement_is_caught(tmp_path):
     bench = json.loads((readme.ROOT / "results" / "bench_memory.json").read_text())
     bench["cases"][0]["measured_step_mib"] += 100
     (tmp_path / "bench_memory.json").write_text(json.dumps(bench))
-    others = {"bench-trl": "x\n", "bench-targets": "x\n"}
+    others = {"bench-trl": "x\n", "bench-targets": "x\n", "bench-ab": "x\n"}
     changed = readme.rewrite(text, {"bench-memory": readme._bench_memory(tmp_path), **others})
     assert changed != text and f"| {bench['cases'][0]['measured_step_mib']:.0f} MiB |" in changed
     targets = json.loads((readme.ROOT / "results" / "bench_targets.json").read_text())
@@ -30,6 +30,11 @@ def test_a_changed_measurement_is_caught(tmp_path):
     (tmp_path / "bench_targets.json").write_text(json.dumps(targets))
     block = readme._bench_targets(tmp_path)
     assert f"| {targets['targets'][0]['target']} | 1.6 | ≥ 1.5 | met |" in block
+    ab = json.loads((readme.ROOT / "results" / "bench_ab_study.json").read_text())
+    ab["numbers"]["differ"].append("train/loss")  # a training number that moved: the line must say so
+    (tmp_path / "bench_ab_study.json").write_text(json.dumps(ab))
+    line = readme._bench_ab(tmp_path)
+    assert f"{len(ab['numbers']['differ'])} differ (" in line and "`train/*`" in line
 
 
 def test_test_time_is_one_file():
