@@ -34,6 +34,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from benchmarks.common import machine, median, print_table
+from gspo_study.tracking import WALL_CLOCK
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINTS = ROOT / "results" / "cpu" / "checkpoints"
@@ -80,11 +81,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def is_timing(key: str) -> bool:
-    """Metrics that measure the machine, not the run: they differ between any two runs."""
-    return key.startswith(("perf/", "system/")) or "seconds" in key
-
-
 def load_metrics(db: Path) -> dict[tuple[str, int], float]:
     """(key, step) -> value of an MLflow sqlite store holding one run."""
     with sqlite3.connect(db) as con:
@@ -98,7 +94,7 @@ def compare(a: dict[tuple[str, int], float], b: dict[tuple[str, int], float]) ->
     by_key: dict[str, tuple[dict, dict]] = {}
     for side, metrics in enumerate((a, b)):
         for (key, step), value in metrics.items():
-            if not is_timing(key):
+            if key not in WALL_CLOCK:
                 by_key.setdefault(key, ({}, {}))[side][step] = value
     for key, (va, vb) in sorted(by_key.items()):
         if va.keys() != vb.keys():
@@ -158,7 +154,7 @@ def checkout(rev: str | None):
                        capture_output=True)  # fmt: skip
 
 
-def command(tree: Path, work: Path, shape: str, steps: int) -> list[str]:
+def command(work: Path, shape: str, steps: int) -> list[str]:
     s = SHAPES[shape]
     return [
         sys.executable, "-m", "gspo_study", "train", "experiments/cpu/base.yaml",
@@ -175,7 +171,7 @@ def run_once(tree: Path, shape: str, steps: int, parent: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     env.pop("PYTHONPATH", None)  # `python -m` from the tree's root imports that tree's package
     start = time.perf_counter()
-    done = subprocess.run(command(tree, work, shape, steps), cwd=tree, env=env, capture_output=True, text=True)
+    done = subprocess.run(command(work, shape, steps), cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]

@@ -29,6 +29,9 @@ from gspo_study.run import RunSetup, sqlite_path
 
 # every logged step has one of these (step 0 only the evaluation): their last step is the resume point
 STEP_SENTINELS = ("rollout/reward/mean", "eval/pass@1")
+# the metrics that read the machine (its clock, its memory), not the run: the only ones two runs of the same
+# numbers may differ in (the trainer's compute_metrics logs them)
+WALL_CLOCK = frozenset({"compute/seconds", "perf/tokens_per_s", "perf/peak_gpu_memory_gb"})
 # MLflow metric names may not contain '@': `eval/pass@1` is stored as `eval/pass_at_1` (see docs/METRICS.md).
 _MLFLOW_ESCAPES = (("@", "_at_"),)
 

@@ -14,10 +14,9 @@ from mlflow import MlflowClient
 from safetensors.torch import load_file
 
 from gspo_study.run import resolve_run, run_key, tracking_uri
-from gspo_study.tracking import mlflow_key
+from gspo_study.tracking import WALL_CLOCK, mlflow_key
 from gspo_study.trainer import train
 
-WALL_CLOCK = {"compute/seconds", "perf/tokens_per_s"}
 REQUIRED = [
     "rollout/reward/mean",
     "rollout/reward/std",

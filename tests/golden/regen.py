@@ -38,13 +38,14 @@ from pathlib import Path
 
 import torch
 
+from gspo_study.tracking import WALL_CLOCK
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("numbers.json")
 RUN_KEYS = Path(__file__).with_name("run_keys.json")
 PINNED_SEEDS = (1, 2, 3, 4, 5)  # every scale's default seeds and more; a figure's own `seeds:` are added
 SMOKE = ROOT / "experiments" / "smoke" / "base.yaml"
 STEPS = 2
-WALL_CLOCK = ("compute/seconds", "perf/tokens_per_s", "perf/peak_gpu_memory_gb")  # not numbers of the run
 # name: (experiments/runs/<file>, overrides) — what each adds to the coverage in its comment
 RUNS = {
     "gspo": ("gspo", []),  # GSPO, no replay, float32 engine
