@@ -14,7 +14,8 @@ SIGTERM (more than 2 s after the first: one notice delivered twice is the same n
 job resumes from its last checkpoint.
 
 `GSPO_STUDY_SIGTERM_IN=<phase>@<n>` (tests) sends the SIGTERM a scheduler would, on the n-th entry into a phase:
-to this process, and under torchrun to the launcher too (which forwards it to every rank).
+to this process, and under torchrun to the launcher too (which forwards it to every rank); in a sweep's worker to
+the sweep's process only (which forwards it to every worker).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ GRACE_ENV = "GSPO_STUDY_STOP_GRACE_S"
 DEFAULT_GRACE_S = 20.0  # under Slurm's default KillWait (30 s) and torchrun's 30 s to its workers, with a save
 SAME_NOTICE_S = 2.0  # a second SIGTERM within this many seconds of the first is the same notice arriving twice
 INJECT_ENV = "GSPO_STUDY_SIGTERM_IN"
+_sweep_worker = False  # this process runs one run of a sweep (`sweep_worker()`)
 
 
 class Stop(Terminated):
@@ -178,11 +180,22 @@ def uncut() -> Iterator[None]:
         raise Stop(job.phase, late=True, grace=job.grace)
 
 
+def sweep_worker() -> None:
+    """This process is a sweep's worker: a scheduler signals the sweep's process, which forwards it here."""
+    global _sweep_worker
+    _sweep_worker = True
+
+
 def _inject(name: str, count: int) -> None:
     """Tests: `GSPO_STUDY_SIGTERM_IN=<phase>@<n>` sends SIGTERM on the n-th entry into `phase`, as a scheduler does:
-    to this process and, under torchrun, to the launcher, which forwards it to every rank (rank 0 sends it)."""
+    to this process and, under torchrun, to the launcher, which forwards it to every rank (rank 0 sends it); in a
+    sweep's worker to the sweep only, which forwards it to every worker. Not once the notice came (the sweep's
+    other workers reach the same phase too)."""
     want = os.environ.get(INJECT_ENV, "")
-    if want != f"{name}@{count}" or os.environ.get("RANK", "0") != "0":
+    if want != f"{name}@{count}" or os.environ.get("RANK", "0") != "0" or asked():
+        return
+    if _sweep_worker:
+        os.kill(os.getppid(), signal.SIGTERM)
         return
     os.kill(os.getpid(), signal.SIGTERM)
     if "TORCHELASTIC_RUN_ID" in os.environ:

@@ -33,6 +33,7 @@ from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this
     load_config,
     read_yaml_file,
 )
+from gspo_study import stopping
 from gspo_study.errors import SweepInterrupted, Terminated
 from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this module's interface)
 
@@ -287,6 +288,7 @@ def _train_quietly(code: str, pickled: bytes) -> tuple[float, bool]:
             "so far are kept: rerun the same command (or run long sweeps from a frozen copy, `git worktree add`)"
         )
     signal.signal(signal.SIGTERM, _terminated_before_the_run)  # the run's own handler takes over in `train`
+    stopping.sweep_worker()
     cfg: Config = pickle.loads(pickled)
     os.environ["TQDM_DISABLE"] = "1"
     from gspo_study.trainer import train
