@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from gspo_study import stopping
 from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this module's interface)
     Config,
     ConfigError,
@@ -33,7 +34,6 @@ from gspo_study.config import (  # noqa: F401 (coldstart_overrides: part of this
     load_config,
     read_yaml_file,
 )
-from gspo_study import stopping
 from gspo_study.errors import SweepInterrupted, Terminated
 from gspo_study.paths import EXPERIMENTS, scale_base  # noqa: F401 (part of this module's interface)
 
