@@ -26,7 +26,7 @@ import pandas as pd
 
 from gspo_study.config import Config, ConfigError
 from gspo_study.run import run_key, tracking_uri
-from gspo_study.tracking import find_run, metric_name, open_client
+from gspo_study.tracking import find_run, metric_name, read_client
 
 REWARD, PASS1, FLOPS = "rollout/reward/mean", "eval/pass@1", "compute/flops"
 X_NAMES = {"compute": FLOPS, "steps": "step"}
@@ -93,24 +93,6 @@ class Study:
 
 
 # ------------------------------------------------------------------------------------------------ loading
-def _client(uri: str):
-    """A client for `uri`; an unreachable server is a one-line ConfigError, found fast (no retry storm)."""
-    import urllib.request
-
-    if uri.startswith(("http://", "https://")):
-        try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
-        except OSError as exc:
-            raise ConfigError(f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__})") from None
-    try:
-        return open_client(uri)
-    except Exception as exc:  # noqa: BLE001 - MLflow refuses an unknown scheme with several exception types
-        raise ConfigError(
-            f"MLflow tracking URI {uri!r} is not usable ({type(exc).__name__}); allowed: sqlite:///<file>, "
-            "http(s)://<server> or another store MLflow supports (set tracking.uri or MLFLOW_TRACKING_URI)"
-        ) from None
-
-
 def _find(client, cfg: Config):
     """The config's run in its experiment, or why there is none."""
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
@@ -148,7 +130,7 @@ def load(pairs: Iterable[tuple[str, Config]], x: str = "compute") -> Study:
     runs, frames, missing = [], [], []
     for name, cfg in pairs:
         uri = tracking_uri(cfg)
-        client = clients.setdefault(uri, _client(uri))
+        client = clients.setdefault(uri, read_client(uri))
         run, why = _find(client, cfg)
         if run is None:
             missing.append((name, cfg.seed, why))
@@ -667,7 +649,7 @@ def log_outputs(study: Study, name: str, tags: dict[str, str], paths: list[Path]
 
     The run is reused when the same analysis (same tags, same source runs) is drawn again, so redrawing
     replaces the artifacts instead of adding runs. Returns its run id."""
-    client = _client(study.uri)
+    client = read_client(study.uri)
     exp_id = client.get_experiment_by_name(study.experiment).experiment_id
     sources = ",".join(sorted(r.run_id for r in study.runs))
     key = hashlib.sha256(f"{sorted(tags.items())}|{sources}".encode()).hexdigest()[:12]

@@ -22,7 +22,7 @@ import json
 from urllib.parse import quote, urlencode
 
 from gspo_study.errors import ConfigError
-from gspo_study.tracking import TRAINING_EXPERIMENT, _probe_http, _retry, open_client
+from gspo_study.tracking import STORES_ALLOWED, TRAINING_EXPERIMENT, _retry, read_client
 
 TRAINING_RUNS = "tags.run_key LIKE '%'"
 ANALYSIS_RUNS = "tags.analysis_key LIKE '%'"
@@ -69,15 +69,12 @@ def study_pages(uri: str, base: str) -> list[dict[str, str]]:
     """For every experiment of the store at `uri` that holds training runs (a `run_key` tag): its name, id and
     page URLs (runs, charts, pass@1 charts, figures). Each is also tagged as a training experiment, and given the
     pass@1 shared view, if it is not yet."""
+    client = read_client(uri)
     try:
-        if uri.startswith(("http://", "https://")):
-            _probe_http(uri)  # fast: MLflow's own client retries an unreachable server for minutes
-        client = open_client(uri)
         experiments = client.search_experiments(order_by=["name ASC"])
-    except Exception as exc:  # noqa: BLE001 - mlflow and urllib raise many types for a bad store
+    except Exception as exc:  # noqa: BLE001 - mlflow raises many types for a bad store
         raise ConfigError(
-            f"MLflow tracking URI {uri!r} is unusable ({type(exc).__name__}); allowed: a reachable store "
-            "(MLFLOW_TRACKING_URI, default sqlite:///results/mlflow.db)"
+            f"MLflow tracking URI {uri!r} is not usable ({type(exc).__name__}); allowed: {STORES_ALLOWED}"
         ) from None
     out = []
     for exp in experiments:

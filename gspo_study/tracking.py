@@ -136,6 +136,30 @@ def _probe_http(uri: str) -> None:
         pass
 
 
+STORES_ALLOWED = (
+    "sqlite:///<file>, http(s)://<server> or another store MLflow supports (tracking.uri or MLFLOW_TRACKING_URI)"
+)
+
+
+def read_client(uri: str):
+    """A client of an existing store, for reading it (the analysis, `mlflow-urls`): an unreachable server is a
+    one-line ConfigError found in seconds (MLflow's own client retries one for minutes), and so is a URI MLflow
+    cannot open. A run opens its store with `_connect`, which also creates it."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            _probe_http(uri)
+        except OSError as exc:
+            raise ConfigError(
+                f"MLflow tracking URI {uri!r} is unreachable ({type(exc).__name__}); allowed: {STORES_ALLOWED}"
+            ) from None
+    try:
+        return open_client(uri)
+    except Exception as exc:  # noqa: BLE001 - MLflow refuses an unknown scheme with several exception types
+        raise ConfigError(
+            f"MLflow tracking URI {uri!r} is not usable ({type(exc).__name__}); allowed: {STORES_ALLOWED}"
+        ) from None
+
+
 def _connect_once(uri: str, experiment: str):
     if uri.startswith(("http://", "https://")):
         _probe_http(uri)

@@ -152,4 +152,4 @@ def test_mlflow_urls_of_an_empty_or_unreachable_store(tmp_path, capsys):
     uri = f"http://127.0.0.1:{free_port()}"
     assert main(["mlflow-urls", "--uri", uri]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and uri in err[0] and "unusable" in err[0]
+    assert len(err) == 1 and uri in err[0] and "unreachable" in err[0]
