@@ -384,10 +384,15 @@ def _test_time(results: Path = ROOT / "results") -> str:
     t = json.loads((results / "test_times.json").read_text())
     tests = [c["tests_s"] / 60 for c in t["clean_clones"]]
     total = [c["total_s"] / 60 for c in t["clean_clones"] if c.get("total_s")]
+
+    def span(minutes: list[float]) -> str:
+        low, high = f"{min(minutes):.0f}", f"{max(minutes):.0f}"
+        return low if low == high else f"{low}–{high}"
+
+    clones = f"{len(tests)} clone{'s' if len(tests) > 1 else ''}"
     return (
-        f"`make test` in a clean clone on a {t['machine']}: {min(total):.0f}–{max(total):.0f} min with both "
-        f"environments built, of which {min(tests):.0f}–{max(tests):.0f} min of tests ({len(tests)} clones, "
-        f"{t['measured']}, docs/LOG.md); later runs take the tests alone.\n"
+        f"`make test` in a clean clone on a {t['machine']}: {span(total)} min with both environments built, of "
+        f"which {span(tests)} min of tests ({clones}, {t['measured']}, docs/LOG.md); later runs take the tests alone.\n"
     )
 
 
