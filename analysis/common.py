@@ -26,7 +26,7 @@ import pandas as pd
 
 from gspo_study.config import Config, ConfigError
 from gspo_study.run import run_key, tracking_uri
-from gspo_study.tracking import find_run, metric_name, read_client
+from gspo_study.tracking import checked_client, find_run, metric_name
 
 REWARD, PASS1, FLOPS = "rollout/reward/mean", "eval/pass@1", "compute/flops"
 X_NAMES = {"compute": FLOPS, "steps": "step"}
@@ -130,7 +130,7 @@ def load(pairs: Iterable[tuple[str, Config]], x: str = "compute") -> Study:
     runs, frames, missing = [], [], []
     for name, cfg in pairs:
         uri = tracking_uri(cfg)
-        client = clients.setdefault(uri, read_client(uri))
+        client = clients.setdefault(uri, checked_client(uri))
         run, why = _find(client, cfg)
         if run is None:
             missing.append((name, cfg.seed, why))
@@ -649,7 +649,7 @@ def log_outputs(study: Study, name: str, tags: dict[str, str], paths: list[Path]
 
     The run is reused when the same analysis (same tags, same source runs) is drawn again, so redrawing
     replaces the artifacts instead of adding runs. Returns its run id."""
-    client = read_client(study.uri)
+    client = checked_client(study.uri)
     exp_id = client.get_experiment_by_name(study.experiment).experiment_id
     sources = ",".join(sorted(r.run_id for r in study.runs))
     key = hashlib.sha256(f"{sorted(tags.items())}|{sources}".encode()).hexdigest()[:12]

@@ -22,7 +22,7 @@ import json
 from urllib.parse import quote, urlencode
 
 from gspo_study.errors import ConfigError
-from gspo_study.tracking import STORES_ALLOWED, TRAINING_EXPERIMENT, _retry, read_client
+from gspo_study.tracking import STORES_ALLOWED, TRAINING_EXPERIMENT, _retry, checked_client
 
 TRAINING_RUNS = "tags.run_key LIKE '%'"
 ANALYSIS_RUNS = "tags.analysis_key LIKE '%'"
@@ -69,7 +69,7 @@ def study_pages(uri: str, base: str) -> list[dict[str, str]]:
     """For every experiment of the store at `uri` that holds training runs (a `run_key` tag): its name, id and
     page URLs (runs, charts, pass@1 charts, figures). Each is also tagged as a training experiment, and given the
     pass@1 shared view, if it is not yet."""
-    client = read_client(uri)
+    client = checked_client(uri)
     try:
         experiments = client.search_experiments(order_by=["name ASC"])
     except Exception as exc:  # noqa: BLE001 - mlflow raises many types for a bad store

@@ -141,10 +141,11 @@ STORES_ALLOWED = (
 )
 
 
-def read_client(uri: str):
-    """A client of an existing store, for reading it (the analysis, `mlflow-urls`): an unreachable server is a
-    one-line ConfigError found in seconds (MLflow's own client retries one for minutes), and so is a URI MLflow
-    cannot open. A run opens its store with `_connect`, which also creates it."""
+def checked_client(uri: str):
+    """A client of the store at `uri`, its URI checked first (the analysis, which reads runs and logs its figures'
+    runs there, and `mlflow-urls`): an unreachable server is a one-line ConfigError found in seconds (MLflow's own
+    client retries one for minutes), and so is a URI MLflow cannot open. A training run opens its store with
+    `_connect`, which also builds a new sqlite store atomically and the run's experiment."""
     if uri.startswith(("http://", "https://")):
         try:
             _probe_http(uri)
