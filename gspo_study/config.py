@@ -317,8 +317,23 @@ class TrainConfig:
     """AdamW learning rate."""
     warmup_steps: int = knob(0, range=Range(0))
     """Linear warm-up steps."""
-    router_lr_scale: float = knob(1.0, range=_POSITIVE, identity="later")
-    """The MoE routers' lr is lr × this (a lever on routing volatility)."""
+    router_lr_scale: float = knob(1.0, range=Range(0), identity="later")
+    """The MoE routers' lr is lr × this (a lever on routing volatility); 0 freezes the routers: no gradient, no
+    optimizer state, their weights never move (NeMo-RL's default for GRPO on MoE)."""
+    # σ in logits: beyond 100 the choice is the draw's alone (route_random says so exactly)
+    route_noise: float = knob(0.0, range=Range(0, 100), identity="later")
+    """Routing frontier, axis R: σ of seeded Gaussian noise on the router logits that choose each token's top-k
+    experts in π_θ's update forwards only (the gate weights stay the clean softmax at the chosen experts); π_old's
+    pass, the rollout, evaluation and telemetry route clean, so π_θ's routing differs from π_old's inside the ratio.
+    Under R2 / R3 the update forwards replay, so it changes nothing. 0: none (gspo_study.moe.routing.NoisyChoice)."""
+    route_sham: bool = knob(
+        False, takes_part=(lambda c: c.train.route_noise > 0, "train.route_noise > 0"), identity="later"
+    )
+    """Axis R's sham: the same draw also in π_old's recompute forward, so every forward of the step routes noisily
+    and π_θ's routing matches π_old's inside the ratio (noisy routing without the mismatch)."""
+    route_random: bool = knob(False, identity="later")
+    """Axis R's positive control: π_θ's update forwards use k experts chosen uniformly at random per token (seeded),
+    π_old's pass routes clean (the limit σ → ∞ of route_noise)."""
     num_minibatches: int = 4
     """Updates per rollout batch (§5.1: 4, so updates 2-4 are off-policy)."""
     micro_batch_size: int | None = knob(None, range=Range(1, null="the whole minibatch"))
@@ -374,6 +389,10 @@ class TrackingConfig:
 class TelemetryConfig:
     """Diagnostics that never change a run's training numbers (not part of its identity)."""
 
+    update_route: bool = False
+    """Measure, in every update, the routing part of the log-ratio the objective itself sees (`moe/route_obj/*`): two
+    extra forwards on the update's telemetry rows, the update's routing (free, noisy or replayed) against π_old's
+    replayed. Exactly 0 under R2 and R3; the axis-R stage's runs set it."""
     route_rows: float = knob(0.25, range=_SHARE)
     """Share of the rollout's responses (a seeded draw per step) that the routing telemetry's two extra forwards
     read (`moe/routing_volatility/*` after the step, `moe/route/*`); 1: all. 0.25 (figures 11-14's setting): its
@@ -386,6 +405,10 @@ class Config:
     """Scale of the experiment files (results go to results/<scale>/)."""
     seed: int = 1
     """One seed drives prompts, sampling and init."""
+    numerics: int = knob(1, choices=(1,), identity="later")
+    """The numerics version: which kernels and reduction orders compute the run's numbers. 1: every run so far (the
+    golden numbers of tests/golden pin it). A faster version that moves numbers gets its own value and golden numbers;
+    a figure or REPORT cell never mixes versions (analysis refuses it)."""
     results_dir: str = knob("results", identity="never")
     """Root of generated outputs."""
     init_checkpoint: str | None = None
@@ -942,6 +965,11 @@ def validate(cfg: Config) -> None:
         r.policy_lag == 0 or t.backend == "torch",
         f"rollout.policy_lag={r.policy_lag} needs train.backend=torch (a ZeRO-sharded model keeps no whole "
         "stale copy); allowed here: rollout.policy_lag=0",
+    )
+    _require(
+        not (t.route_random and t.route_noise > 0),
+        f"train.route_random=true chooses experts at random, so train.route_noise={t.route_noise:g} would take no "
+        "part; allowed here: train.route_noise=0, or train.route_random=false",
     )
     dosed = r.router_precision != "none" or r.router_noise > 0 or r.head_noise > 0
     _require(

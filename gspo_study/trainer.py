@@ -26,7 +26,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -40,12 +40,19 @@ from gspo_study.evaluate import evaluate, score
 from gspo_study.models.presets import active_params
 from gspo_study.moe import (
     REPLAY_MODES,
+    NoisyChoice,
     ReplayMode,
+    RouterOutputs,
     RoutingTrace,
+    gate_drift,
     has_moe,
+    load_metrics,
     mismatch_metrics,
+    noisy_routing,
+    record_router_outputs,
     record_routing,
     replay_routing,
+    router_metrics,
     routing_share,
     routing_volatility,
 )
@@ -149,29 +156,64 @@ def chunks(n: int, size: int | None) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def policy_pass(
-    ctx: Context, batch: RolloutBatch, replay: RoutingTrace | None, model=None
+    ctx: Context,
+    batch: RolloutBatch,
+    replay: RoutingTrace | None,
+    model=None,
+    choose: Callable[[torch.Tensor], NoisyChoice | None] | None = None,
+    outputs: list[RouterOutputs] | None = None,
 ) -> tuple[torch.Tensor, RoutingTrace | None]:
-    """Log-probs of the whole batch under `model` (default: the current policy; no grad) and its natural
-    routing (None for a model without MoE layers)."""
+    """Log-probs of the whole batch under `model` (default: the current policy; no grad) and its routing (None for a
+    model without MoE layers): natural, or chosen by `choose(rows)` (axis R's noisy choice) where it gives one.
+    `outputs`: a list that gets each micro-batch's router outputs (`RouterOutputs`, `cat_outputs` joins them)."""
     model = ctx.model if model is None else model
     lps, traces = [], []
     moe = has_moe(model)
     for rows in chunks(len(batch), ctx.cfg.train.micro_batch_size):
         stopping.stop_point()  # between micro-batches: a stop asked now need not wait for the pass to end
-        if replay is None:
-            with record_routing(model) if moe else nullcontext() as trace:
+        with ExitStack() as stack:
+            if outputs is not None and moe:
+                outputs.append(stack.enter_context(record_router_outputs(model)))
+            if replay is None:
+                choice = choose(rows) if choose is not None else None
+                if choice is not None:
+                    stack.enter_context(noisy_routing(model, choice))
+                trace = stack.enter_context(record_routing(model)) if moe else None
                 lp, _ = token_logprobs(
                     model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
                 )
-        else:
-            with replay_routing(model, replay.select(rows), record_natural=True) as handle:
+            else:
+                handle = stack.enter_context(replay_routing(model, replay.select(rows), record_natural=True))
                 lp, _ = token_logprobs(
                     model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
                 )
-            trace = handle.natural
+                trace = handle.natural
         lps.append(lp)
         traces.append(trace)
     return torch.cat(lps), RoutingTrace.cat(traces) if moe else None
+
+
+def cat_outputs(outputs: list[RouterOutputs]) -> tuple[dict[int, torch.Tensor], RoutingTrace]:
+    """Micro-batches' router outputs joined along the batch: (logits per layer [B, T, E], gate weights [B, T, k])."""
+    logits = {layer: torch.cat([o.logits[layer] for o in outputs]) for layer in outputs[0].logits}
+    return logits, RoutingTrace.cat(o.gates for o in outputs)
+
+
+def route_dose(ctx: Context, step: int, in_old: bool = False) -> Callable[[torch.Tensor], NoisyChoice] | None:
+    """Axis R (`train.route_noise`, `train.route_random`): the noisy top-k choice for a forward over rows of step
+    `step`'s batch, or None where the forward routes clean. π_θ's update forwards take it; π_old's pass (`in_old`)
+    only under the sham (`train.route_sham`). A token's draw is keyed by (seed, step, row, layer), so a row draws the
+    same noise in every forward of its step, whatever else shares the forward."""
+    t, seed = ctx.cfg.train, ctx.cfg.seed
+    if not (t.route_noise > 0 or t.route_random) or (in_old and not t.route_sham):
+        return None
+    sigma = math.inf if t.route_random else t.route_noise
+
+    def draw(row: int, layer: int, seq: int, experts: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(derive_seed(seed, step, f"route_noise/{row}/{layer}"))
+        return torch.randn(seq, experts, generator=gen)
+
+    return lambda rows: NoisyChoice(sigma, rows, draw)
 
 
 def replay_mode(cfg: Config) -> ReplayMode:
@@ -191,16 +233,26 @@ class OldPolicy:
 
     logprobs: torch.Tensor  # the objective's π_old: train_logprobs, or μ under `algo.old_logprobs: rollout`
     train_logprobs: torch.Tensor  # the training engine's π_old log-probs (mismatch, rollout correction)
-    natural: RoutingTrace | None  # π_old's natural routing in that pass (under R3: what its routers would choose)
+    natural: RoutingTrace | None  # π_old's routing in that pass (under R3: what its routers would choose; under
+    # axis R's sham: its noisy choice)
     replay: RoutingTrace | None  # the routing the updates replay (R2: `natural`, R3: the rollout's), or None
+    gates: RoutingTrace | None = None  # the gate weights of the experts that pass used (gate-drift telemetry)
 
 
-def old_policy(ctx: Context, batch: RolloutBatch) -> OldPolicy:
+def old_policy(ctx: Context, batch: RolloutBatch, step: int = 0) -> OldPolicy:
     source = replay_mode(ctx.cfg).replays
-    train_lp, natural = policy_pass(ctx, batch, batch.routing if source == "rollout" else None, ctx.behaviour)
+    outputs: list[RouterOutputs] = []
+    train_lp, natural = policy_pass(
+        ctx,
+        batch,
+        batch.routing if source == "rollout" else None,
+        ctx.behaviour,
+        choose=route_dose(ctx, step, in_old=True),  # the sham's noise, else None
+        outputs=outputs,
+    )
     replay = {None: None, "old": natural, "rollout": batch.routing}[source]
     old_lp = batch.rollout_logprobs if ctx.cfg.algo.old_logprobs == "rollout" else train_lp
-    return OldPolicy(old_lp, train_lp, natural, replay)
+    return OldPolicy(old_lp, train_lp, natural, replay, cat_outputs(outputs)[1] if outputs else None)
 
 
 @dataclass
@@ -211,9 +263,11 @@ class StepInputs:
     advantages: torch.Tensor
     old: OldPolicy
     weights: torch.Tensor | None = None  # the rollout correction's per-token multipliers, or None
-    # π_old's log-probs and routing with its routers free (`route_baseline`), None without MoE layers: what the
-    # routing telemetry compares the updated policy with
-    baseline: tuple[torch.Tensor, RoutingTrace] | None = None
+    # π_old's log-probs, routing and gate weights with its routers free (`route_baseline`), None without MoE layers:
+    # what the routing telemetry compares the updated policy with
+    baseline: tuple[torch.Tensor, RoutingTrace, RoutingTrace | None] | None = None
+    step: int = 0  # the RL step (axis R's draws are keyed by it)
+    telemetry_rows: torch.Tensor | None = None  # the rows the routing telemetry reads (None: all)
 
 
 def rollout_correction(
@@ -249,14 +303,22 @@ class MinibatchResult:
     rows: torch.Tensor  # this rank's rows of the minibatch
     routing: RoutingTrace | None  # this rank's rows' natural routing in the update's forward, when asked
     replayed_calls: int = 0  # router calls of this rank's forwards that replayed a trace (R2/R3; 0 without)
+    seen: dict[str, float] | None = None  # `objective_route`'s reading (telemetry.update_route), else None
 
 
-def _routing_context(model, replay: RoutingTrace | None, micro, record: bool):
-    """The update forward's routing: replayed (R2/R3) or free, and recorded when `record` (under replay, what
-    the routers would have chosen given the replayed upstream activations)."""
+@contextmanager
+def _routing_context(model, replay: RoutingTrace | None, micro, record: bool, choose=None):
+    """The update forward's routing: replayed (R2/R3), else chosen by `choose` (axis R) or free; recorded when
+    `record` (under replay, what the routers would have chosen given the replayed upstream activations). Yields the
+    replay handle, the recorded trace, or None."""
     if replay is not None:
-        return replay_routing(model, replay.select(micro), record_natural=record)
-    return record_routing(model) if record else nullcontext()
+        with replay_routing(model, replay.select(micro), record_natural=record) as handle:
+            yield handle
+        return
+    with ExitStack() as stack:
+        if choose is not None:
+            stack.enter_context(noisy_routing(model, choose(micro)))
+        yield stack.enter_context(record_routing(model)) if record else None
 
 
 def update_minibatch(
@@ -270,8 +332,9 @@ def update_minibatch(
     local = rows[ctx.rank :: ctx.world]
     parts, ent_sum, traces, replayed = [], 0.0, [], 0
     micros = local.split(ctx.cfg.train.micro_batch_size or len(local))
+    choose = route_dose(ctx, inputs.step)
     for i, micro in enumerate(micros):
-        with _routing_context(ctx.model, old.replay, micro, record) as routed:
+        with _routing_context(ctx.model, old.replay, micro, record, choose) as routed:
             lp, ent = token_logprobs(
                 ctx.backend.train_module,
                 batch.sequences[micro],
@@ -293,13 +356,46 @@ def update_minibatch(
         replayed += getattr(routed, "replayed_calls", 0)  # the replay handle's count; 0 without one
         parts.append(metrics)
         ent_sum += torch.where(mask[micro], ent, torch.zeros_like(ent)).sum().item()
+    seen = objective_route(ctx, inputs, local) if ctx.cfg.telemetry.update_route else None  # before the step
     grad_norm = ctx.backend.step(lr)
     everyone = gather((parts, ent_sum), ctx.world)
     parts, ent_sum = [p for ps, _ in everyone for p in ps], sum(e for _, e in everyone)
     routing = RoutingTrace.cat(traces) if traces else None
     return MinibatchResult(
-        combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing, replayed
+        combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing, replayed, seen
     )
+
+
+@torch.no_grad()
+def objective_route(ctx: Context, inputs: StepInputs, rows: torch.Tensor) -> dict[str, float] | None:
+    """The routing part of the log-ratio the objective itself sees in this update (`telemetry.update_route`), on the
+    update's rows among the step's telemetry rows, before the optimizer step: the update's own routing context (free,
+    axis R's noisy choice, or the replayed trace) against π_old's routing replayed, both forwards at the weights the
+    update's gradient was taken at. Exactly 0 under R2 and R3 (both forwards replay the same trace). None when no
+    telemetry row is in the update."""
+    tele, old = inputs.telemetry_rows, inputs.old
+    sub = rows if tele is None else rows[torch.isin(rows, tele)]
+    if old.natural is None or len(sub) == 0:
+        return None
+    batch, temp = inputs.batch, ctx.cfg.rollout.temperature
+    fixed = (old.replay if old.replay is not None else old.natural).select(sub)
+    seq, att, mask = batch.sequences[sub], batch.attention_mask[sub], batch.response_mask[sub]
+    free = old.replay is None
+    with _routing_context(ctx.model, old.replay, sub, free, route_dose(ctx, inputs.step)) as routed:
+        lp_own, _ = token_logprobs(ctx.model, seq, att, temp)
+    used = routed if free else fixed  # the experts that forward used
+    with replay_routing(ctx.model, fixed):
+        lp_fixed, _ = token_logprobs(ctx.model, seq, att, temp)
+    share = routing_share(
+        old_logprobs=old.logprobs[sub],
+        new_logprobs=lp_own,
+        new_logprobs_old_routing=lp_fixed,
+        advantages=inputs.advantages[sub],
+        mask=mask,
+    )
+    flips = routing_volatility(fixed, used, mask)["overall"]
+    keep = ("total_var", "pol_var", "var", "cov", "r2_removed_share", "abs_mean", "clip_flip_token")
+    return {"flips": flips, **{k: share[k] for k in keep}}
 
 
 def per_update_volatility(natural_old: RoutingTrace, result: MinibatchResult, mask: torch.Tensor) -> dict:
@@ -320,7 +416,7 @@ def update(ctx: Context, inputs: StepInputs, step: int, on_update: OnUpdate | No
     after every update); it must leave the model, its gradients and every random stream as it found them."""
     cfg, batch, weights, natural_old = ctx.cfg, inputs.batch, inputs.weights, inputs.old.natural
     perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, step, "minibatch")))
-    sums, out, norms = defaultdict(float), {}, []
+    sums, out, norms, seen = defaultdict(float), {}, [], []
     ent_sum = ent_tokens = 0.0
     lr = learning_rate(cfg, step)
     for i, rows in enumerate(perm.chunk(cfg.train.num_minibatches)):
@@ -333,6 +429,10 @@ def update(ctx: Context, inputs: StepInputs, step: int, on_update: OnUpdate | No
         if record:
             out.update(per_update_volatility(natural_old, res, batch.response_mask))
         out[f"policy/clip_frac/token/mb_{i}"] = metrics["policy/clip_frac/token"]
+        out[f"policy/kl/k3/mb_{i}"] = metrics["policy/kl/k3"]  # the first (on-policy) update's against the rest
+        if res.seen is not None:
+            seen.append(res.seen)
+            out.update({f"moe/route_obj/mb_{i}/{k}": res.seen[k] for k in ("flips", "r2_removed_share", "total_var")})
         if weights is not None:  # fixed for the step: minibatch i's share of the masked tokens
             m = batch.response_mask[rows]
             dropped = (m & (weights[rows] == 0)).sum().item()
@@ -348,6 +448,7 @@ def update(ctx: Context, inputs: StepInputs, step: int, on_update: OnUpdate | No
             )
     finite = [n for n in norms if n == n and abs(n) != float("inf")]
     out.update(sums)
+    out.update(pooled_route(seen))
     out.update(
         {
             "train/grad_norm": sum(finite) / len(finite) if finite else float("nan"),
@@ -359,15 +460,34 @@ def update(ctx: Context, inputs: StepInputs, step: int, on_update: OnUpdate | No
     return out
 
 
-def route_baseline(ctx: Context, batch: RolloutBatch, old: OldPolicy) -> tuple[torch.Tensor, RoutingTrace] | None:
-    """π_old's log-probs and routing with its routers free, for the routing-share instrument: the π_old pass's
-    own output, except under R3, whose π_old pass replays the rollout's routing (then one more free pass,
-    telemetry), so the instrument reads the same whatever the run's replay mode. None without MoE layers."""
+def pooled_route(seen: list[dict[str, float]]) -> dict[str, float]:
+    """The step's `moe/route_obj/*` over its updates: variances summed (so 1 − Σ pol_var / Σ total_var is the share
+    R2 removes from the step's pooled ratio), flips averaged; {} when no update was read."""
+    if not seen:
+        return {}
+    tot = {k: sum(x[k] for x in seen) for k in ("total_var", "pol_var", "var", "cov")}
+    out = {f"moe/route_obj/{k}": v / len(seen) for k, v in tot.items()}
+    out["moe/route_obj/r2_removed_share"] = 1.0 - tot["pol_var"] / tot["total_var"] if tot["total_var"] > 0 else 0.0
+    out["moe/route_obj/var_share"] = tot["var"] / tot["total_var"] if tot["total_var"] > 0 else 0.0
+    for k in ("flips", "abs_mean", "clip_flip_token"):
+        out[f"moe/route_obj/{k}"] = sum(x[k] for x in seen) / len(seen)
+    return out
+
+
+def route_baseline(
+    ctx: Context, batch: RolloutBatch, old: OldPolicy
+) -> tuple[torch.Tensor, RoutingTrace, RoutingTrace | None] | None:
+    """π_old's log-probs, routing and gate weights with its routers free, for the routing telemetry: the π_old pass's
+    own output, except under R3, whose π_old pass replays the rollout's routing, and under axis R's sham, whose π_old
+    pass routes noisily (then one more free pass, telemetry), so the instrument reads the same whatever the run's
+    replay mode or dose. None without MoE layers."""
     if old.natural is None:
         return None
-    if replay_mode(ctx.cfg).replays == "rollout":
-        return policy_pass(ctx, batch, None, ctx.behaviour)
-    return old.train_logprobs, old.natural
+    if replay_mode(ctx.cfg).replays == "rollout" or ctx.cfg.train.route_sham:
+        outputs: list[RouterOutputs] = []
+        lp, natural = policy_pass(ctx, batch, None, ctx.behaviour, outputs=outputs)
+        return lp, natural, cat_outputs(outputs)[1]
+    return old.train_logprobs, old.natural, old.gates
 
 
 def telemetry(ctx: Context, inputs: StepInputs, step: int = 0) -> dict[str, float]:
@@ -382,11 +502,17 @@ def telemetry(ctx: Context, inputs: StepInputs, step: int = 0) -> dict[str, floa
         rows = telemetry_rows(ctx, len(batch), step)
         sub = batch if rows is None else batch.select(rows)
         pick = (lambda x: x) if rows is None else (lambda x: x.select(rows) if isinstance(x, RoutingTrace) else x[rows])
-        new_lp, natural_new = policy_pass(ctx, sub, None)
+        seen: list[RouterOutputs] = []
+        new_lp, natural_new = policy_pass(ctx, sub, None, outputs=seen)
         vol = routing_volatility(pick(natural_old), natural_new, sub.response_mask)
         out.update({f"moe/routing_volatility/{k}": v for k, v in vol.items()})
-        old_lp, old_routing = baseline
-        new_lp_old_routing, _ = policy_pass(ctx, sub, pick(old_routing))
+        out.update(router_telemetry(ctx, seen, natural_new, sub.response_mask))
+        old_lp, old_routing, old_gates = baseline
+        fixed: list[RouterOutputs] = []
+        new_lp_old_routing, _ = policy_pass(ctx, sub, pick(old_routing), outputs=fixed)
+        if old_gates is not None:  # π_θ's gate weights at π_old's experts against π_old's own
+            drift = gate_drift(pick(old_gates), cat_outputs(fixed)[1], sub.response_mask)
+            out.update({f"moe/gate_drift/{k}": v for k, v in drift.items()})
         share = routing_share(
             old_logprobs=pick(old_lp),
             new_logprobs=new_lp,
@@ -401,6 +527,18 @@ def telemetry(ctx: Context, inputs: StepInputs, step: int = 0) -> dict[str, floa
     mm = mismatch_metrics(train_lp, batch.rollout_logprobs, mask)
     out.update({f"mismatch/{k}": v for k, v in mm.items()})
     return out
+
+
+def router_telemetry(
+    ctx: Context, outputs: list[RouterOutputs], natural: RoutingTrace, mask: torch.Tensor
+) -> dict[str, float]:
+    """The updated policy's expert load (`moe/load/*`) and routers (`moe/router/*`) on the telemetry rows: what a
+    load collapse or a router running away would show (docs/METRICS.md)."""
+    logits, _ = cat_outputs(outputs)
+    c = ctx.model.config
+    load = load_metrics(natural, mask, c.num_experts)
+    routers = router_metrics(logits, mask, c.num_experts_per_tok)
+    return {**{f"moe/load/{k}": v for k, v in load.items()}, **{f"moe/router/{k}": v for k, v in routers.items()}}
 
 
 def telemetry_rows(ctx: Context, n: int, step: int) -> torch.Tensor | None:
@@ -481,7 +619,7 @@ def rl_step(
         rewards, reward_errors = score(ctx.task, rows, batch)
         adv = group_advantages(rewards, ctx.cfg.rollout.group_size, ctx.cfg.algo.advantage_eps)
     with watch.span("old_policy", training=old_pass_trains(ctx.cfg)):  # else it only feeds telemetry
-        old = old_policy(ctx, batch)
+        old = old_policy(ctx, batch, step)
     with watch.span("route_baseline", training=False):
         baseline = route_baseline(ctx, batch, old)
     with watch.span("update"):
@@ -489,7 +627,8 @@ def rl_step(
         metrics["rollout/reward_errors"] = float(reward_errors)
         weights, correction = rollout_correction(ctx.cfg, old.train_logprobs, batch)
         metrics.update(correction)
-        inputs = StepInputs(batch, adv, old, weights, baseline)
+        rows_read = telemetry_rows(ctx, len(batch), step)
+        inputs = StepInputs(batch, adv, old, weights, baseline, step, rows_read)
         metrics.update(update(ctx, inputs, step, on_update))
     with watch.span("telemetry", training=False):
         metrics.update(telemetry(ctx, inputs, step))

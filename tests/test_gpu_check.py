@@ -69,7 +69,9 @@ def test_a_replay_run_that_replays_nothing_fails(tiny_start, monkeypatch):
     from gspo_study import trainer
 
     old_policy = trainer.old_policy  # the drifted step: π_old without the trace its updates should replay
-    monkeypatch.setattr(trainer, "old_policy", lambda ctx, batch: replace(old_policy(ctx, batch), replay=None))
+    monkeypatch.setattr(
+        trainer, "old_policy", lambda ctx, batch, step=0: replace(old_policy(ctx, batch, step), replay=None)
+    )
     with pytest.raises(RuntimeError, match="routing_replay=r3 but no router call replayed"):
         gpu_check.rl_run("grpo_r3", dict(tiny_start, sizes=dict(tiny_start["sizes"], rl_steps=1)), math.inf)
 

@@ -9,19 +9,38 @@ stats = routing_volatility(trace_old, trace_new, mask)
 
 from gspo_study.moe.modes import REPLAY_MODES, ReplayMode
 from gspo_study.moe.routing import (
+    NoisyChoice,
     ReplayHandle,
+    RouterOutputs,
     count_moe_layers,
     has_moe,
     moe_layers,
+    noisy_routing,
+    record_router_outputs,
     record_routing,
     replay_routing,
     routers,
 )
 from gspo_study.moe.trace import RoutingTrace
-from gspo_study.moe.volatility import changed_choices, mismatch_metrics, routing_share, routing_volatility
+from gspo_study.moe.volatility import (
+    changed_choices,
+    gate_drift,
+    load_metrics,
+    mismatch_metrics,
+    router_metrics,
+    routing_share,
+    routing_volatility,
+)
 
 __all__ = [
+    "NoisyChoice",
     "REPLAY_MODES",
+    "RouterOutputs",
+    "gate_drift",
+    "load_metrics",
+    "noisy_routing",
+    "record_router_outputs",
+    "router_metrics",
     "ReplayMode",
     "ReplayHandle",
     "RoutingTrace",

@@ -8,6 +8,11 @@ primitives:
 - r3 (Rollout Routing Replay, arXiv 2510.11370): record while the rollout engine generates (KV-cached:
   the prefill, then one chunk per decode step, appended along T); replay it in the π_old and π_θ forwards.
 
+Beside replay, one more way to override a router (`noisy_routing`, the routing frontier's axis R): each token's
+top-k experts are chosen from its router logits plus a seeded draw, while the gate weights stay the clean softmax at
+the chosen experts. And one more recorder (`record_router_outputs`): each router's logits and the gate weights it
+used, for the load and gate telemetry.
+
 Mechanism: while a `record_routing` / `replay_routing` context is open, every sparse MoE block gets a
 forward pre-hook (its router sees tokens flattened to [B*T, H], so the block tells us [B, T]) and every
 router a forward hook. Under replay the hook swaps the router's (scores, indices) for the recorded
@@ -19,6 +24,7 @@ Hooks are removed when the last context on a model exits, exceptions included.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 import weakref
@@ -208,7 +214,8 @@ class _Hub:
     def __init__(self, layers: list[_MoeLayer]):
         self.layers = layers
         self.recorders: list[RoutingTrace] = []
-        self.replay: ReplayHandle | None = None
+        self.outputs: list[RouterOutputs] = []
+        self.replay: ReplayHandle | NoisyChoice | None = None  # the override: replayed or noisy choices
         self._bt: dict[int, tuple[int, int]] = {}
         self._hooks = []
         for f in self.layers:
@@ -216,7 +223,7 @@ class _Hub:
             self._hooks.append(f.router.register_forward_hook(partial(self._on_router, f.layer)))
 
     def idle(self) -> bool:
-        return not self.recorders and self.replay is None
+        return not self.recorders and not self.outputs and self.replay is None
 
     def remove(self) -> None:
         for hook in self._hooks:
@@ -235,10 +242,13 @@ class _Hub:
             raise RuntimeError(f"MoE layer {layer}: router called outside its block's forward ({bt=})")
         if self.replay is not None:
             scores, ids = self.replay.route(layer, router, logits, ids, bt)
-        if self.recorders and not _in_backward():
-            chunk = ids.detach().view(*bt, -1)
-            for trace in self.recorders:
-                trace.append(layer, chunk)
+        if not _in_backward():
+            if self.recorders:
+                chunk = ids.detach().view(*bt, -1)
+                for trace in self.recorders:
+                    trace.append(layer, chunk)
+            for rec in self.outputs:
+                rec.append(layer, logits.detach().view(*bt, -1), scores.detach().view(*bt, -1))
         return logits, scores, ids
 
 
@@ -296,7 +306,9 @@ def replay_routing(model: nn.Module, trace: RoutingTrace, *, record_natural: boo
     """
     with _hub(model) as hub:
         if hub.replay is not None:
-            raise RuntimeError("replay_routing is already active on this model; nested replays are ambiguous")
+            raise RuntimeError(
+                "replay_routing is already active on this model (or noisy_routing): nested overrides are ambiguous"
+            )
         handle = ReplayHandle(trace, hub.layers, record_natural)
         hub.replay = handle
         try:
@@ -304,3 +316,92 @@ def replay_routing(model: nn.Module, trace: RoutingTrace, *, record_natural: boo
         finally:
             hub.replay = None
         handle._check_active(model)
+
+
+class NoisyChoice:
+    """Yielded by `noisy_routing`: every MoE router of the forwards inside chooses its top-k experts from its logits
+    plus σ times a seeded standard-normal draw per (row, position, expert) — `draw(row, layer, T, E)` gives row
+    `row`'s [T, E] draw for `layer`, so a token's draw never depends on which other rows share its forward — or, at
+    σ = inf, from the draw alone (k experts uniformly at random). The gate weights stay the clean softmax at the
+    chosen experts (renormalised when the router does), so the dose changes which experts a token uses, never how a
+    chosen expert is weighted, and the router keeps its gradient. `rows` are the forward's rows' indices in the
+    batch the draw is keyed by. `calls` counts the router calls it chose for (`noisy_routing` checks it is > 0)."""
+
+    def __init__(self, sigma: float, rows: torch.Tensor, draw):
+        if not sigma > 0:
+            raise ValueError(f"bad routing noise σ {sigma!r}; allowed: a number > 0, or inf (random top-k)")
+        self.sigma, self.rows, self.draw = sigma, [int(r) for r in rows], draw
+        self.calls = 0
+
+    def noise(self, layer: int, seq: int, experts: int) -> torch.Tensor:
+        """[len(rows) * seq, experts] float32: the rows' draws for `layer`, stacked as the router sees its tokens."""
+        return torch.stack([self.draw(row, layer, seq, experts) for row in self.rows]).view(-1, experts)
+
+    def route(
+        self, layer: int, router: nn.Module, logits: torch.Tensor, natural: torch.Tensor, bt: tuple[int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if bt[0] != len(self.rows):
+            raise RuntimeError(f"noisy_routing: MoE layer {layer} routes {bt[0]} rows, the draw was keyed for "
+                               f"{len(self.rows)}")  # fmt: skip
+        z = self.noise(layer, bt[1], logits.shape[-1]).to(logits.device)
+        chooser = z if math.isinf(self.sigma) else logits.float() + self.sigma * z
+        ids = torch.topk(chooser, router.top_k, dim=-1).indices
+        probs = F.softmax(logits, dim=-1, dtype=torch.float)
+        scores = probs.gather(1, ids)
+        if router.norm_topk_prob:
+            scores = scores / scores.sum(dim=-1, keepdim=True)
+        if not _in_backward():
+            self.calls += 1
+        return scores.to(logits.dtype), ids
+
+
+@contextmanager
+def noisy_routing(model: nn.Module, choice: NoisyChoice) -> Iterator[NoisyChoice]:
+    """Route every token of the forwards inside the context by `choice` (`NoisyChoice`); recorders opened inside see
+    the experts it chose. Refused inside `replay_routing` (a replayed forward has its experts already); raises on exit
+    if no router was reached (unless an exception is already propagating)."""
+    with _hub(model) as hub:
+        if hub.replay is not None:
+            raise RuntimeError("noisy_routing inside another routing override (replay or noise) is ambiguous")
+        hub.replay = choice
+        try:
+            yield choice
+        finally:
+            hub.replay = None
+        if choice.calls == 0:
+            raise RuntimeError("noisy_routing: no MoE router was called inside the context")
+
+
+class RouterOutputs:
+    """Yielded by `record_router_outputs`: per decoder layer, the router logits [B, T, E] and the gate weights
+    [B, T, k] of the experts each token used (after any replay or noisy choice), appended along T per forward."""
+
+    def __init__(self):
+        self._logits: dict[int, list[torch.Tensor]] = {}
+        self._gates: dict[int, list[torch.Tensor]] = {}
+
+    def append(self, layer: int, logits: torch.Tensor, gates: torch.Tensor) -> None:
+        self._logits.setdefault(layer, []).append(logits)
+        self._gates.setdefault(layer, []).append(gates.float())
+
+    @property
+    def logits(self) -> dict[int, torch.Tensor]:
+        return {layer: torch.cat(c, dim=1) for layer, c in sorted(self._logits.items())}
+
+    @property
+    def gates(self) -> RoutingTrace:
+        """The gate weights as a trace (a [B, T, k] float tensor per layer: `select`, `cat` as for expert ids)."""
+        return RoutingTrace({layer: torch.cat(c, dim=1) for layer, c in sorted(self._gates.items())})
+
+
+@contextmanager
+def record_router_outputs(model: nn.Module) -> Iterator[RouterOutputs]:
+    """Record every MoE router's logits and used gate weights during the forwards inside the context (not those
+    re-run inside backward)."""
+    rec = RouterOutputs()
+    with _hub(model) as hub:
+        hub.outputs.append(rec)
+        try:
+            yield rec
+        finally:
+            hub.outputs = [r for r in hub.outputs if r is not rec]

@@ -205,3 +205,86 @@ def _masked_var(values: torch.Tensor, valid: torch.Tensor) -> float:
         return 0.0
     mean = torch.where(valid, values, 0.0).sum() / n
     return float(torch.where(valid, (values - mean) ** 2, 0.0).sum() / n)
+
+
+# ------------------------------------------------------------------------------------------------ expert load, routers
+@torch.no_grad()
+def load_metrics(trace: RoutingTrace, mask: torch.Tensor, num_experts: int) -> dict[str, float]:
+    """Expert load per MoE layer over the valid tokens (`mask` [B, T]), from the experts they used (`trace`), and the
+    mean over layers ("…/mean"; "max_share/max": the worst layer). With load_e = share of the layer's (token, slot)
+    choices that went to expert e (Σ_e load_e = 1): `max_share` = max_e load_e (1/E when balanced, 1 when one expert
+    takes every choice); `entropy` = −Σ_e load_e log load_e / log E (1 balanced, 0 one expert); `dead_frac` = share of
+    experts no valid token chose; `max_vio` = (max_e load_e − mean_e load_e) / mean_e load_e, verl's and prime-rl's
+    load-imbalance measure (0 balanced, E − 1 one expert). A layer with no valid token reads 0."""
+    out: dict[str, float] = {}
+    valid = mask.bool()
+    names = ("max_share", "entropy", "dead_frac", "max_vio")
+    per: dict[str, list[float]] = {n: [] for n in names}
+    for layer in trace.layers:
+        ids = trace.layer(layer)[valid.to(trace.device)]  # [N, k]
+        counts = torch.bincount(ids.reshape(-1), minlength=num_experts)[:num_experts].double()
+        total = float(counts.sum())
+        if total == 0:
+            vals = dict.fromkeys(names, 0.0)
+        else:
+            load = counts / total
+            nz = load[load > 0]
+            mean = 1.0 / num_experts
+            vals = {
+                "max_share": float(load.max()),
+                "entropy": float(-(nz * nz.log()).sum() / math.log(num_experts)) if num_experts > 1 else 1.0,
+                "dead_frac": float((counts == 0).double().mean()),
+                "max_vio": float((load.max() - mean) / mean),
+            }
+        for n in names:
+            out[f"{n}/layer_{layer:02d}"] = vals[n]
+            per[n].append(vals[n])
+    for n in names:
+        out[f"{n}/mean"] = sum(per[n]) / len(per[n]) if per[n] else 0.0
+    out["max_share/max"] = max(per["max_share"], default=0.0)
+    return out
+
+
+@torch.no_grad()
+def router_metrics(logits: dict[int, torch.Tensor], mask: torch.Tensor, top_k: int) -> dict[str, float]:
+    """Per MoE layer over the valid tokens, and the mean over layers: `logit_norm` = mean over tokens of the L2 norm of
+    the router's logit vector [E]; `topk_margin` = mean over tokens of (k-th − (k+1)-th largest logit), the gap a
+    perturbation of the logits must cross to change a token's expert set (0 when k = E)."""
+    valid = mask.bool()
+    out: dict[str, float] = {}
+    norms, margins = [], []
+    for layer, z in sorted(logits.items()):
+        v = z[valid.to(z.device)].double()  # [N, E]
+        if v.shape[0] == 0:
+            norm = margin = 0.0
+        else:
+            norm = float(v.norm(dim=-1).mean())
+            if top_k < v.shape[-1]:
+                top = torch.topk(v, top_k + 1, dim=-1).values
+                margin = float((top[:, top_k - 1] - top[:, top_k]).mean())
+            else:
+                margin = 0.0
+        out[f"logit_norm/layer_{layer:02d}"], out[f"topk_margin/layer_{layer:02d}"] = norm, margin
+        norms.append(norm)
+        margins.append(margin)
+    out["logit_norm/mean"] = sum(norms) / len(norms) if norms else 0.0
+    out["topk_margin/mean"] = sum(margins) / len(margins) if margins else 0.0
+    return out
+
+
+@torch.no_grad()
+def gate_drift(gates_old: RoutingTrace, gates_new: RoutingTrace, mask: torch.Tensor) -> dict[str, float]:
+    """Mean |g_new − g_old| over the valid tokens' k gate weights, per MoE layer and the mean over layers, where both
+    are the gate weights at the *same* experts (π_old's): how far the updated routers reweight the experts π_old chose
+    — what replaying expert ids leaves free (Miles #2722)."""
+    valid = mask.bool()
+    out: dict[str, float] = {}
+    vals = []
+    for layer in gates_old.layers:
+        a = gates_old.layer(layer)[valid.to(gates_old.device)].double()
+        b = gates_new.layer(layer).to(gates_old.device)[valid.to(gates_old.device)].double()
+        v = float((a - b).abs().mean()) if a.numel() else 0.0
+        out[f"layer_{layer:02d}"] = v
+        vals.append(v)
+    out["mean"] = sum(vals) / len(vals) if vals else 0.0
+    return out

@@ -12,12 +12,17 @@ ROUTER_SUFFIX = ".mlp.gate.weight"  # Qwen3-MoE router (the linear layer scoring
 
 def param_groups(model, router_lr_scale: float = 1.0) -> list[dict]:
     """Optimizer parameter groups; routers get `lr_scale = router_lr_scale` (the others 1). Every group's lr
-    is `lr × lr_scale` at each step (`scaled_lrs`)."""
+    is `lr × lr_scale` at each step (`scaled_lrs`). At 0 the routers are frozen: they stop requiring a gradient
+    and join no group, so they get no update, no optimizer state and no part in the grad norm."""
     named = list(model.named_parameters())
     if router_lr_scale == 1.0:
         return [{"params": [p for _, p in named], "lr_scale": 1.0}]
     routers = [p for n, p in named if n.endswith(ROUTER_SUFFIX)]
     rest = [p for n, p in named if not n.endswith(ROUTER_SUFFIX)]
+    if router_lr_scale == 0.0:
+        for p in routers:
+            p.requires_grad_(False)
+        return [{"params": rest, "lr_scale": 1.0}]
     return [{"params": rest, "lr_scale": 1.0}, {"params": routers, "lr_scale": router_lr_scale}]
 
 
