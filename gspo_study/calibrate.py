@@ -10,6 +10,14 @@ frontier run (`python -m gspo_study calibrate --scale cpu`, `make calibrate`).
   `steps` RL steps of GRPO without replay from the cold start: the share of activated experts that change after
   one optimizer update (`per_update`, the paper's unit; `moe/routing_volatility/per_update/overall`) and after the
   step's updates (`per_step`).
+- Axis F (the frozen router): axis V's readings with the routers frozen (`train.router_lr_scale=0`) at 4, 8 and 16
+  minibatches: routing drift that comes only through the hidden states.
+- Axis R (a routing change inside the ratio that only R2 removes): for each dose (`train.route_noise`, and the
+  positive control `train.route_random`), `steps` RL steps of GRPO without replay with `telemetry.update_route`: the
+  share of the objective's log-ratio variance that is routing (`route_share`, 1 − Σ Var ℓ^pol / Σ Var ℓ over the
+  step's updates), the experts changed inside the ratio per update (`route_flips`; in the first, on-policy update
+  alone: `route_flips_first`) and the routing-fixed part per update (`pol_var`, Var ℓ^pol), which the dose should
+  leave at dose 0's level.
 
 The frontier's base run is figure 13's fixed settings at the scale (its sweep keys with one value), run `grpo`,
 seed 1, from that cold start. Writes results/<scale>/calibration.csv (one row per axis, dial, dose and measure:
@@ -37,9 +45,16 @@ GRID: dict[str, dict[str, list]] = {
         "train.router_lr_scale": [1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0],
         "train.num_minibatches": [4, 8, 16],
     },
+    "F": {"train.num_minibatches": [4, 8, 16]},  # with train.router_lr_scale=0 (`FIXED`)
+    "R": {
+        "train.route_noise": [0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0],
+        "train.route_random": [True],
+    },
 }
+FIXED = {"F": ("train.router_lr_scale=0",), "R": ("telemetry.update_route=true",)}  # what an axis always sets
 PAPER = {  # the published levels each axis is dosed against (shared/PAPER.md, shared/COLLAPSE.md)
     "per_update": 0.10,  # GSPO paper §5.3: ≈ 10 % of activated experts change after one update (48 layers)
+    "route_flips": 0.10,  # the same unit, inside the ratio
     "flips_per_layer": 0.057,  # R3 paper: 94 % of tokens differ in ≥ 1 of 48 layers, ≈ 5.7 % per layer
     "k3": 1.5e-3,  # R3 paper: train–inference k3 of Qwen3-30B-A3B without R3
 }
@@ -112,8 +127,8 @@ def mismatch_readings(cfg: Config, start: Path, axis: str, dial: str, dose, batc
     return [Reading(axis, dial, dose, k, tuple(v)) for k, v in got.items()]
 
 
-def drift_readings(cfg: Config, start: Path, dial: str, dose, steps: int, extra=()) -> list[Reading]:
-    """Axis V: GRPO without replay's routing drift per update and per step over its first `steps` RL steps."""
+def drift_readings(cfg: Config, start: Path, dial: str, dose, steps: int, extra=(), axis: str = "V") -> list[Reading]:
+    """Axes V and F: GRPO without replay's routing drift per update and per step over its first `steps` RL steps."""
     from gspo_study.trainer import rl_step
 
     ctx = _context(cfg, start, (*extra, f"{dial}={dose}"))
@@ -123,7 +138,22 @@ def drift_readings(cfg: Config, start: Path, dial: str, dose, steps: int, extra=
         got["per_update"].append(m["moe/routing_volatility/per_update/overall"])
         got["per_update_tokens_any"].append(m["moe/routing_volatility/per_update/tokens_any_changed"])
         got["per_step"].append(m["moe/routing_volatility/overall"])
-    return [Reading("V", dial, dose, k, tuple(v)) for k, v in got.items()]
+    return [Reading(axis, dial, dose, k, tuple(v)) for k, v in got.items()]
+
+
+def route_readings(cfg: Config, start: Path, dial: str, dose, steps: int, extra=()) -> list[Reading]:
+    """Axis R: what the dose puts inside the objective's ratio over GRPO without replay's first `steps` RL steps."""
+    from gspo_study.trainer import rl_step
+
+    ctx = _context(cfg, start, (*extra, f"{dial}={dose}"))
+    got: dict[str, list[float]] = {k: [] for k in ("route_share", "route_flips", "route_flips_first", "pol_var")}
+    for step in range(1, steps + 1):
+        m = rl_step(ctx, step)
+        got["route_share"].append(m["moe/route_obj/r2_removed_share"])
+        got["route_flips"].append(m["moe/route_obj/flips"])
+        got["route_flips_first"].append(m["moe/route_obj/mb_0/flips"])
+        got["pol_var"].append(m["moe/route_obj/pol_var"])
+    return [Reading("R", dial, dose, k, tuple(v)) for k, v in got.items()]
 
 
 def calibrate(
@@ -136,8 +166,11 @@ def calibrate(
     for axis in axes:
         for dial, doses in GRID[axis].items():
             for dose in doses:
-                if axis == "V":
-                    readings = drift_readings(cfg, start, dial, dose, steps, overrides)
+                extra = (*FIXED.get(axis, ()), *overrides)
+                if axis in ("V", "F"):
+                    readings = drift_readings(cfg, start, dial, dose, steps, extra, axis)
+                elif axis == "R":
+                    readings = route_readings(cfg, start, dial, dose, steps, extra)
                 else:
                     readings = mismatch_readings(cfg, start, axis, dial, dose, batches, overrides)
                 rows.extend(r.row() for r in readings)
@@ -147,11 +180,17 @@ def calibrate(
 
 
 def write(rows: list[dict], path: Path) -> Path:
+    """The rows into `path`, keeping the rows it holds of every axis `rows` does not measure (one calibration file,
+    its axes calibrated at different times)."""
     import pandas as pd
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    new = pd.DataFrame(rows, columns=COLUMNS)
+    if path.is_file():
+        kept = pd.read_csv(path, dtype={"dose": str})
+        new = pd.concat([kept[~kept.axis.isin(set(new.axis))], new.astype({"dose": str})])
     tmp = path.with_suffix(".tmp")
-    pd.DataFrame(rows, columns=COLUMNS).to_csv(tmp, index=False)
+    new.to_csv(tmp, index=False)
     tmp.replace(path)
     return path
 
@@ -164,6 +203,10 @@ MEASURES = {  # the calibration's measures, in the words of the docs table (with
     "tokens_any": "tokens routed differently in ≥ 1 layer",
     "k3": "k3",
     "f_tau_2": "F(τ = 2)",
+    "route_share": "routing's share of Var ℓ inside the ratio (what R2 removes)",
+    "route_flips": "experts changed per update, inside the ratio",
+    "route_flips_first": "in the first (on-policy) update",
+    "pol_var": "Var ℓ^pol per update (routing fixed)",
 }
 
 

@@ -262,9 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(fn=_cmd_rollout_server)
     k = sub.add_parser("calibrate", help="the routing frontier's doses measured on a cold start (docs/FRONTIER.md)")
     k.add_argument("--scale", default="cpu", help="smoke | cpu | gpu | paper")
-    k.add_argument("--axes", default="M,control,V", help="comma list of M, control, V")
+    k.add_argument(
+        "--axes", default="M,control,V", help="comma list of M, control, V, F, R (the file keeps the other axes' rows)"
+    )
     k.add_argument("--batches", type=int, default=4, help="rollout batches per dose (axis M, control)")
-    k.add_argument("--steps", type=int, default=4, help="RL steps per dial value (axis V)")
+    k.add_argument("--steps", type=int, default=4, help="RL steps per dial value (axes V, F, R)")
     k.add_argument("--out", help="CSV to write (default: results/<scale>/calibration.csv)")
     k.add_argument("overrides", nargs="*", help="key.sub=value overrides for every reading")
     k.set_defaults(fn=_cmd_calibrate)

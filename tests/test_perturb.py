@@ -201,6 +201,8 @@ def test_calibration_reads_each_axis(smoke_results, tmp_path, monkeypatch):
             "M": {"rollout.router_noise": [0.0, 1.0]},
             "control": {"rollout.head_noise": [1.0]},
             "V": {"train.router_lr_scale": [30.0]},
+            "F": {"train.num_minibatches": [4]},
+            "R": {"train.route_noise": [0.0, 1.0], "train.route_random": [True]},
         },
     )
     out = tmp_path / "calibration.csv"
@@ -212,3 +214,12 @@ def test_calibration_reads_each_axis(smoke_results, tmp_path, monkeypatch):
     assert t["rollout.head_noise", "1.0", "flips_per_layer"] == 0 and t["rollout.head_noise", "1.0", "k3"] > 1e-3
     assert t["train.router_lr_scale", "30.0", "per_update"] > 0
     assert main(["calibrate", "--axes", "Q", *args]) == 2  # a bad axis: one line, nothing written
+    # axes F and R, written beside the rows already there: a frozen router still drifts through the hidden states;
+    # axis R's dose puts routing inside the ratio from the first update on, dose 0 does not
+    assert main(["calibrate", "--axes", "F,R", *args]) == 0
+    t = pd.read_csv(out, dtype={"dose": str}).set_index(["axis", "dial", "dose", "measure"])["mean"]
+    assert t["M", "rollout.router_noise", "1.0", "flips_per_layer"] > 0.05  # kept
+    assert t["F", "train.num_minibatches", "4", "per_update"] >= 0
+    assert t["R", "train.route_noise", "0.0", "route_flips_first"] == 0
+    assert t["R", "train.route_noise", "1.0", "route_flips_first"] > 0.05
+    assert t["R", "train.route_random", "True", "route_share"] > t["R", "train.route_noise", "0.0", "route_share"]
