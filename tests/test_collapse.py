@@ -1,6 +1,8 @@
 """The collapse rule (analysis/collapse.py) on curves built to trip it and curves built not to, under each of its
 versions: both flag a crash and pass a plateau, a recovered dip and a run that never learned; only version 1 flags a
-plateau's last dip (seed 4 of figure 11) or a first step far below the plateau."""
+plateau's last dip (seed 4 of figure 11) or a first step far below the plateau; only version 3 starts from the cold
+start's held-out pass@1 (a crash in the first steps is no lost gain) and censors a single dip at the last evaluation.
+The shared tests give every version the curve's own starting level as the cold start's."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def test_smooth_is_a_trailing_mean():
 def test_reward_crash_after_learning_collapses_at_the_crash(version):
     steps = np.arange(1, 301)
     curve = np.where(steps <= 200, 0.4 + 0.3 * steps / 200, 0.1)  # learns to 0.7, crashes at 201 and stays
-    step = reward_collapse(steps, noisy(curve), version=version)
+    step = reward_collapse(steps, noisy(curve), version=version, cold_start=0.4)
     assert step is not None and 201 <= step <= 201 + 10  # within the smoothing window of the crash
 
 
@@ -33,19 +35,20 @@ def test_a_dip_that_recovers_or_a_plateau_or_no_learning_is_not_a_collapse(versi
     steps = np.arange(1, 301)
     dip = 0.4 + 0.3 * np.minimum(steps, 150) / 150
     dip[160:190] -= 0.3  # loses all its gain for 30 steps, then recovers
-    assert reward_collapse(steps, noisy(dip), version=version) is None
-    assert reward_collapse(steps, noisy(np.full(300, 0.5), sd=0.05), version=version) is None  # noise, a plateau
+    assert reward_collapse(steps, noisy(dip), version=version, cold_start=0.4) is None
+    plateau = noisy(np.full(300, 0.5), sd=0.05)  # noise, a plateau
+    assert reward_collapse(steps, plateau, version=version, cold_start=0.5) is None
     decline = 0.5 - 0.3 * steps / 300  # never gained: a failure to learn, not a collapse by this rule
-    assert reward_collapse(steps, noisy(decline, sd=0.005), version=version) is None
+    assert reward_collapse(steps, noisy(decline, sd=0.005), version=version, cold_start=0.5) is None
 
 
 @VERSIONS
 def test_losing_less_than_half_the_gain_is_not_a_collapse(version):
     steps = np.arange(1, 301)
     curve = np.where(steps <= 150, 0.4 + 0.2 * steps / 150, 0.52)  # keeps 60 % of its 0.2 gain
-    assert reward_collapse(steps, noisy(curve, sd=0.005), version=version) is None
+    assert reward_collapse(steps, noisy(curve, sd=0.005), version=version, cold_start=0.4) is None
     curve = np.where(steps <= 150, 0.4 + 0.2 * steps / 150, 0.48)  # keeps 40 %: collapsed
-    assert reward_collapse(steps, noisy(curve, sd=0.005), version=version) is not None
+    assert reward_collapse(steps, noisy(curve, sd=0.005), version=version, cold_start=0.4) is not None
 
 
 def test_pass_at_1_ending_below_the_cold_start():
@@ -82,7 +85,7 @@ def test_a_last_dip_of_a_noisy_plateau_is_censored():
     lasting = curve.copy()
     lasting[300 - PERSIST - 5 :] = 0.6
     for version in RULES:
-        assert reward_collapse(steps, noisy(lasting, sd=0.005), version=version) is not None
+        assert reward_collapse(steps, noisy(lasting, sd=0.005), version=version, cold_start=0.62) is not None
 
 
 def test_version_1_starts_from_one_step():
@@ -96,6 +99,33 @@ def test_version_1_starts_from_one_step():
     assert reward_collapse(steps, curve, version=2) is None
 
 
+def test_version_3_reads_an_early_crash_as_a_crash_and_censors_a_last_dip():
+    """The frontier's two artefacts of version 2 (issue 62). A run that crashes at its third step from the cold start
+    (pass@1 0.58) and never learns: version 2's start window holds the crash, so it reads the first steps as a gain
+    lost at step 4; version 3 starts from the cold start's pass@1, sees no gain, and the run counts as collapsed by
+    the pass@1 rule at the first evaluation below. A single dip at the last evaluation: version 2 counts it,
+    version 3 censors it; held for two evaluations, both count it."""
+    steps = np.arange(1, 301)
+    crash = np.where(steps <= 2, 0.55, 0.1)
+    evals, fell = [0, 50, 100, 150, 200, 250, 300], [0.58, 0.1, 0.08, 0.1, 0.09, 0.1, 0.1]
+    assert reward_collapse(steps, crash, version=2) == 4
+    assert reward_collapse(steps, crash, version=3, cold_start=0.58) is None
+    assert collapse(steps, crash, evals, fell, version=2) == collapse(steps, crash, evals, fell, version=2)
+    c2, c3 = collapse(steps, crash, evals, fell, version=2), collapse(steps, crash, evals, fell, version=3)
+    assert (c2.step, c2.rule) == (4, "reward") and (c3.step, c3.rule) == (50, "pass@1")
+    flat = noisy(np.full(300, 0.6), sd=0.01)
+    last = [0.58, 0.6, 0.61, 0.6, 0.59, 0.6, 0.5]
+    assert collapse(steps, flat, evals, last, version=2).step == 300
+    assert not collapse(steps, flat, evals, last, version=3).collapsed
+    held = [0.58, 0.6, 0.61, 0.6, 0.59, 0.5, 0.5]
+    assert collapse(steps, flat, evals, held, version=3).step == 250 == collapse(steps, flat, evals, held, 2).step
+    # a gain over the cold start, then lost: version 3 flags it like version 2
+    learned = np.where(steps <= 150, 0.58 + 0.2 * steps / 150, 0.6)
+    assert reward_collapse(steps, noisy(learned, sd=0.005), version=3, cold_start=0.58) is not None
+    with pytest.raises(ValueError, match="starts from the cold start's pass@1"):
+        reward_collapse(steps, crash, version=3)
+
+
 def test_a_bad_version_is_refused():
-    with pytest.raises(ValueError, match="bad collapse rule version 3; allowed: 1, 2"):
-        collapse([1, 2], [0.1, 0.2], [0], [0.5], version=3)
+    with pytest.raises(ValueError, match="bad collapse rule version 4; allowed: 1, 2, 3"):
+        collapse([1, 2], [0.1, 0.2], [0], [0.5], version=4)
