@@ -399,6 +399,16 @@ FIGURES[15] = figure_15
 FIGURES[16] = figure_15  # the refinement of axis V: the same panels (per dose: pass@1, collapsed, Δ vs GRPO; KM)
 
 
+def figure_17(s: Study) -> list[Panel]:
+    """Axis R: routing noise inside the ratio, which only R2 removes (analysis/mechanism.py, plan_r.yaml)."""
+    from analysis.mechanism import panels
+
+    return panels(s)
+
+
+FIGURES[17] = figure_17
+
+
 def _cat(*frames):
     return pd.concat([f for f in frames if not f.empty], ignore_index=True)
 

@@ -107,6 +107,7 @@ def outcomes(study: Study, plan: dict, decisive: bool = False) -> pd.DataFrame:
                     dose=cell.dose,
                     arm=r.run,
                     seed=r.seed,
+                    run_id=r.run_id,
                     pass0=float(p1.value.iloc[0]) if len(p1) else math.nan,
                     pass_final=float(p1.value.iloc[-1]) if len(p1) else math.nan,
                     collapsed=c.collapsed,

@@ -1190,9 +1190,9 @@ def render(
     return "\n".join(lines) + "\n## How the numbers and verdicts are computed\n\n" + METHOD
 
 
-def _frontier(scale: str, seeds: list[int] | None, overrides) -> tuple[str, dict]:
+def _frontier(scale: str, seeds: list[int] | None, overrides) -> tuple[str, dict, dict[int, Study]]:
     """The routing frontier's section and records (analysis/frontier.py) from the finished runs of figures 13 and
-    14 (the pilot) and 15 (the decisive stage); ("", {}) where none has finished."""
+    14 (the pilot) and 15 (the decisive stage); ("", {}) where none has finished; and the studies it read."""
     from analysis.frontier import FIGURES, section
 
     studies, planned = {}, set()
@@ -1201,7 +1201,20 @@ def _frontier(scale: str, seeds: list[int] | None, overrides) -> tuple[str, dict
         configs = figure_configs(f, scale, own, tuple(overrides))
         planned |= {run_key(c) for _, c in configs}  # a run shared by both figures (dose 0) is planned once
         studies[f] = load(configs)
-    return section(studies, planned=len(planned))
+    return (*section(studies, planned=len(planned)), studies)
+
+
+def _mechanism(scale: str, seeds: list[int] | None, overrides, frontier: dict[int, Study]) -> tuple[str, dict]:
+    """Axis R's section and records (analysis/mechanism.py) from figure 17's finished runs, its cause-of-death table
+    joined by the frontier's collapsed runs; ("", {}) where none has finished."""
+    from analysis import frontier as fr
+    from analysis import mechanism
+
+    own = seeds if seeds is not None else parse_seeds(None, scale, mechanism.FIGURE)
+    study = load(figure_configs(mechanism.FIGURE, scale, own, tuple(overrides)))
+    plan = fr.load_plan()
+    dead = [(s, fr.outcomes(s, plan, decisive=True)) for s in frontier.values() if s.runs]
+    return mechanism.section(study, frontier=dead)
 
 
 def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int | None = None) -> Path:
@@ -1236,8 +1249,10 @@ def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int |
     path.parent.mkdir(parents=True, exist_ok=True)
     found = results(study, sweeps, claims)
     text = render(study, sweeps, scale, seeds, figure, found, per_figure)
-    frontier, frontier_records = _frontier(scale, given, overrides) if figure is None else ("", {})
-    if frontier:  # before the method, after the claims: the routing frontier, judged as its plan says
+    frontier, frontier_records, studies = _frontier(scale, given, overrides) if figure is None else ("", {}, {})
+    mech, mech_records = _mechanism(scale, given, overrides, studies) if figure is None else ("", {})
+    frontier = "\n".join(t for t in (frontier, mech) if t)
+    if frontier:  # before the method, after the claims: the routing frontier and axis R, judged as their plans say
         head, _, method = text.partition("\n## How the numbers and verdicts are computed\n")
         text = f"{head}\n{frontier}\n## How the numbers and verdicts are computed\n{method}"
     path.write_text(text)
@@ -1247,10 +1262,11 @@ def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int |
         on = [claim_on(c, study, sweeps) for c in claims]
         records.write_text(json.dumps(as_records(claims, found, on), indent=1, allow_nan=False) + "\n")
         written.append(records)
-        if frontier_records:
-            extra = path.with_name("FRONTIER.json")
-            extra.write_text(json.dumps(frontier_records, indent=1, allow_nan=False) + "\n")
-            written.append(extra)
+        for name, recs in (("FRONTIER.json", frontier_records), ("AXIS_R.json", mech_records)):
+            if recs:
+                extra = path.with_name(name)
+                extra.write_text(json.dumps(recs, indent=1, allow_nan=False) + "\n")
+                written.append(extra)
     if study.runs:
         log_outputs(study, "report", {"report": scale, "seeds": ",".join(map(str, seeds))}, written)
     return path

@@ -1,0 +1,147 @@
+"""Axis R's analysis (analysis/mechanism.py) on synthetic runs built to pass and to fail each reading of its plan: the
+remedy's stand-ins and their check, the plan's three readings, the cause-of-death table, and figure 17 drawn in range.
+No training: a few seconds."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pandas as pd
+import pytest
+
+from analysis import mechanism
+from analysis.common import PASS1, REWARD, Study, TrackedRun, draw
+from gspo_study.study import figure_configs
+
+PLAN = mechanism.load_plan()
+STEPS = 300
+SEEDS = [3, 4, 5]  # the pilot's and one more: a paired reading needs 3
+
+
+def _history(run_id: str, run: str, seed: int, crash: int | None, final: float, share: float) -> list[tuple]:
+    """Reward every step, pass@1 every 50 steps (0.6 at the cold start), the objective's routing reading every step."""
+    rows = []
+    for step in range(1, STEPS + 1):
+        reward = 0.6 + 0.2 * step / STEPS if crash is None or step < crash else 0.0
+        rows.append((run, run, seed, run_id, step, REWARD, reward, float(step)))
+        for metric, v in (("pol_var", 1.0 - share), ("total_var", 1.0), ("flips", share / 5), ("mb_0/flips", 0.0)):
+            rows.append((run, run, seed, run_id, step, f"moe/route_obj/{metric}", v, float(step)))
+    for step in range(0, STEPS + 1, 50):
+        p = 0.6 if step == 0 else (final if crash is None or step < crash else 0.0)
+        rows.append((run, run, seed, run_id, step, PASS1, p, float(step)))
+    return rows
+
+
+@functools.cache
+def configs(seeds: tuple[int, ...]) -> list:
+    return figure_configs(17, "cpu", list(seeds))
+
+
+def study(outcome, seeds=SEEDS) -> Study:
+    """Figure 17's runs at `seeds`, each run's history from `outcome(cfg, run, seed)` → (crash step or None, final)."""
+    runs, rows = [], []
+    for i, (run, cfg) in enumerate(configs(tuple(seeds))):
+        rid = f"r17-{i}"
+        runs.append(TrackedRun(run, cfg.seed, cfg, rid, {"git_commit": "0" * 40}))
+        share = min(0.95, 0.25 + 2 * cfg.train.route_noise) if not cfg.train.route_random else 1.0
+        rows += _history(rid, run, cfg.seed, *outcome(cfg, run, cfg.seed), share if run != "grpo_r2" else 0.0)
+    frame = pd.DataFrame(rows, columns=["run", "label", "seed", "run_id", "step", "metric", "value", "flops"])
+    return Study(runs, frame, "sqlite:///unused", "study-cpu", runs[0].cfg.out_dir, "steps")
+
+
+def r2_matters(cfg, run, seed):
+    """GRPO without replay falls behind by 0.2 where the noise is in the ratio (σ ≥ 0.1) and dies under random top-k;
+    its remedy and the sham never."""
+    t = cfg.train
+    if run == "grpo" and t.route_random:
+        return 200, 0.7  # learns, then crashes at step 200
+    if run == "grpo" and not t.route_sham and t.route_noise >= 0.1:
+        return None, 0.58 + 0.002 * seed  # behind its remedy by 0.12, within δ of the cold start: no collapse
+    return None, 0.7 + 0.002 * seed
+
+
+def nothing_matters(cfg, run, seed):
+    """Every arm at every dose the same, except that random top-k kills GRPO without replay (the detector works)."""
+    if run == "grpo" and cfg.train.route_random:
+        return 30, 0.0
+    return None, 0.7 + 0.002 * seed
+
+
+def test_the_remedys_stand_ins_and_their_check():
+    s = study(nothing_matters, seeds=[3, 4])
+    out = mechanism.outcomes(s, PLAN)
+    r2 = out[out.arm == "grpo_r2"]
+    assert set(r2[r2.stand_in].seed) == {4} and len(r2[r2.stand_in]) == 4  # three doses and the positive control
+    check = mechanism.remedy_check(s, PLAN)
+    assert len(check) == 4 and all(c["equal"] and c["seed"] == 3 for c in check)  # same histories: bit-identical
+    moved = s.frame.copy()
+    trained = next(r.run_id for r in s.runs if r.run == "grpo_r2" and r.cfg.train.route_noise == 0.1)
+    moved.loc[(moved.run_id == trained) & (moved.metric == REWARD) & (moved.step == 7), "value"] += 1e-12
+    s2 = Study(s.runs, moved, s.uri, s.experiment, s.out_dir, s.x)
+    assert [c["equal"] for c in mechanism.remedy_check(s2, PLAN)].count(False) == 1  # one value in one run: caught
+
+
+def test_the_plans_three_readings_can_each_be_reached():
+    out = mechanism.outcomes(study(r2_matters), PLAN)
+    summ, comp = mechanism.summary(out), mechanism.comparisons(out, PLAN)
+    assert mechanism.verdict(summ, comp, PLAN)[0] == "R2 matters"
+    out = mechanism.outcomes(study(nothing_matters), PLAN)
+    summ, comp = mechanism.summary(out), mechanism.comparisons(out, PLAN)
+    assert mechanism.verdict(summ, comp, PLAN)[0] == "R2 does not matter here"
+    # the detector blind (random top-k harms nobody): no "does not matter", however equivalent the doses
+    out = mechanism.outcomes(study(lambda cfg, run, seed: (None, 0.7 + 0.002 * seed)), PLAN)
+    summ, comp = mechanism.summary(out), mechanism.comparisons(out, PLAN)
+    assert mechanism.verdict(summ, comp, PLAN)[0] == "underpowered"
+    # the deficit also under the sham: noisy routing, not the mismatch, would be the cause — not "R2 matters"
+    sham_too = lambda cfg, run, seed: (None, 0.5) if run == "grpo" and cfg.train.route_noise >= 0.1 else (None, 0.7)  # noqa: E731
+    out = mechanism.outcomes(study(sham_too), PLAN)
+    summ, comp = mechanism.summary(out), mechanism.comparisons(out, PLAN)
+    assert mechanism.verdict(summ, comp, PLAN)[0] != "R2 matters"
+
+
+def test_collapses_under_both_rule_versions_and_the_cause_of_death_table():
+    s = study(r2_matters, seeds=[3, 4])
+    out = mechanism.outcomes(s, PLAN)
+    dead = out[out.collapsed]
+    assert set(dead.arm) == {"grpo"} and set(dead.kind) == {"positive"} and dead.collapsed_v2.all()
+    table = mechanism.cause_of_death(s, out, "figure 17")
+    assert len(table) == 2 and table.reward.eq(0.0).all() and table["reward before"].gt(0.6).all()
+    assert math.isnan(table["max expert share"].iloc[0])  # not logged: shown as absent, not zero
+    lines = mechanism.death_table(table)
+    assert len(lines) == 4 and "—" in lines[2]
+
+
+def test_figure_17_draws_in_range(tmp_path):
+    cal = tmp_path / "calibration.csv"
+    rows = [
+        dict(axis="R", dial="train.route_noise", dose=x, measure=m, mean=v, sd=v / 3, n=4)
+        for m in ("route_share", "route_flips")
+        for x, v in [(0.0, 0.2), (0.03, 0.4), (0.1, 0.7), (0.3, 0.9)]
+    ]
+    pd.DataFrame(rows).to_csv(cal, index=False)
+    s = study(r2_matters, seeds=[3, 4])
+    panels = mechanism.panels(s, PLAN, cal)
+    fig, drawn = draw(s, 17, "t", panels)
+    shares = drawn[drawn.metric.isin([PASS1, "frontier/collapsed"])]
+    assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
+    pilot = drawn[drawn.series.str.contains("pilot, n = 2", regex=False)]
+    assert len(pilot) and pilot.band_lower.isna().all()  # two seeds: points, no t-interval
+    survival = drawn[drawn.metric == "frontier/survival"]
+    assert survival.groupby("run").line.max().nunique() == survival.run.nunique()  # offset: no curve hides another
+    text, records = mechanism.section(s, PLAN)
+    assert "the plan's reading" in text and records["remedy_check"] and "Cause of death" in text
+
+
+@pytest.mark.parametrize("which", ["sham", "positive", "frozen", "R"])
+def test_cells(which):
+    from gspo_study.config import load_config
+
+    over = {
+        "sham": ["train.route_noise=0.3", "train.route_sham=true"],
+        "positive": ["train.route_random=true"],
+        "frozen": ["train.router_lr_scale=0", "train.num_minibatches=16"],
+        "R": ["train.route_noise=0.1"],
+    }[which]
+    c = mechanism.cell(load_config("experiments/cpu/base.yaml", over))
+    assert c.kind == which and (c.dose == {"sham": 0.3, "positive": math.inf, "frozen": 16.0, "R": 0.1}[which])
