@@ -331,6 +331,11 @@ class TrainConfig:
     )
     """Axis R's sham: the same draw also in π_old's recompute forward, so every forward of the step routes noisily
     and π_θ's routing matches π_old's inside the ratio (noisy routing without the mismatch)."""
+    aux_loss_coef: float = knob(0.0, range=Range(0, 1), identity="later")
+    """Weight of the auxiliary load-balance loss added to every update's loss, computed as transformers' Qwen3-MoE
+    computes it (`load_balancing_loss_func`), logged as `moe/aux_loss`. 0 (default): off, as verl, NeMo-RL and slime
+    run RL on MoE (the presets' router_aux_loss_coef is never applied: no forward asks for router logits); TRL >= 1.7
+    uses 0.001 for GRPO."""
     route_random: bool = knob(False, identity="later")
     """Axis R's positive control: π_θ's update forwards use k experts chosen uniformly at random per token (seeded),
     π_old's pass routes clean (the limit σ → ∞ of route_noise)."""
@@ -954,6 +959,7 @@ def validate(cfg: Config) -> None:
         get_objective(cfg.algo.objective, cfg.algo.aggregation, **objective_hparams(cfg))
     except ValueError as exc:
         raise ConfigError(f"algo.objective={cfg.algo.objective!r}: {exc}") from None
+    _check_anchor(a)
     r, t = cfg.rollout, cfg.train
     batch = r.group_size * r.prompts_per_step
     _require(
@@ -981,6 +987,25 @@ def validate(cfg: Config) -> None:
     _refuse_inert(cfg)
     _check_model_shape(cfg.model)
     _check_names_and_paths(cfg)
+
+
+def _check_anchor(a: AlgoConfig) -> None:
+    """An objective anchored to the rollout's log-probs (DPPO: `ObjectiveSpec.anchor`) has no π_old: its ratio needs
+    algo.old_logprobs=rollout, and R2, which replays the routing of the π_old pass, has nothing to replay."""
+    from gspo_study.objectives import OBJECTIVES
+
+    if OBJECTIVES[a.objective].anchor != "rollout":
+        return
+    _require(
+        a.old_logprobs == "rollout",
+        f"algo.objective={a.objective!r} takes its ratio against the rollout's log-probs (μ), by definition; allowed "
+        "here: algo.old_logprobs=rollout",
+    )
+    _require(
+        a.routing_replay != "r2",
+        f"algo.objective={a.objective!r} has no π_old pass to record routing in, so R2 has nothing to replay (verl "
+        "refuses it too); allowed here: algo.routing_replay=none or r3 (the rollout's routing)",
+    )
 
 
 def _refuse_inert(cfg: Config) -> None:

@@ -304,6 +304,7 @@ class MinibatchResult:
     routing: RoutingTrace | None  # this rank's rows' natural routing in the update's forward, when asked
     replayed_calls: int = 0  # router calls of this rank's forwards that replayed a trace (R2/R3; 0 without)
     seen: dict[str, float] | None = None  # `objective_route`'s reading (telemetry.update_route), else None
+    aux_loss: float | None = None  # the load-balance loss, row-weighted over the minibatch (train.aux_loss_coef)
 
 
 @contextmanager
@@ -330,17 +331,20 @@ def update_minibatch(
     mask = batch.response_mask
     normalizer = ctx.objective.batch_normalizer(mask[rows])  # the whole minibatch's count, on every rank
     local = rows[ctx.rank :: ctx.world]
-    parts, ent_sum, traces, replayed = [], 0.0, [], 0
+    parts, ent_sum, traces, replayed, aux_sum = [], 0.0, [], 0, 0.0
     micros = local.split(ctx.cfg.train.micro_batch_size or len(local))
+    coef = ctx.cfg.train.aux_loss_coef
     choose = route_dose(ctx, inputs.step)
     for i, micro in enumerate(micros):
         with _routing_context(ctx.model, old.replay, micro, record, choose) as routed:
+            aux = [] if coef > 0 else None
             lp, ent = token_logprobs(
                 ctx.backend.train_module,
                 batch.sequences[micro],
                 batch.attention_mask[micro],
                 ctx.cfg.rollout.temperature,
                 with_entropy=True,
+                aux_out=aux,
             )
             loss, metrics = ctx.objective(
                 logprobs=lp,
@@ -350,6 +354,9 @@ def update_minibatch(
                 normalizer=normalizer,
                 weights=None if weights is None else weights[micro],
             )
+            if aux:  # each micro-batch's load-balance loss, weighted by its share of the minibatch's rows
+                loss = loss + coef * aux[0] * (len(micro) / len(rows))
+                aux_sum += aux[0].item() * len(micro)
             ctx.backend.backward(loss, last=i == len(micros) - 1)
         if record:
             traces.append(routed.natural if old.replay is not None else routed)
@@ -358,11 +365,12 @@ def update_minibatch(
         ent_sum += torch.where(mask[micro], ent, torch.zeros_like(ent)).sum().item()
     seen = objective_route(ctx, inputs, local) if ctx.cfg.telemetry.update_route else None  # before the step
     grad_norm = ctx.backend.step(lr)
-    everyone = gather((parts, ent_sum), ctx.world)
-    parts, ent_sum = [p for ps, _ in everyone for p in ps], sum(e for _, e in everyone)
+    everyone = gather((parts, ent_sum, aux_sum), ctx.world)
+    parts, ent_sum = [p for ps, _, _ in everyone for p in ps], sum(e for _, e, _ in everyone)
+    aux_loss = sum(a for _, _, a in everyone) / len(rows) if coef > 0 else None
     routing = RoutingTrace.cat(traces) if traces else None
     return MinibatchResult(
-        combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing, replayed, seen
+        combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing, replayed, seen, aux_loss
     )
 
 
@@ -430,6 +438,8 @@ def update(ctx: Context, inputs: StepInputs, step: int, on_update: OnUpdate | No
             out.update(per_update_volatility(natural_old, res, batch.response_mask))
         out[f"policy/clip_frac/token/mb_{i}"] = metrics["policy/clip_frac/token"]
         out[f"policy/kl/k3/mb_{i}"] = metrics["policy/kl/k3"]  # the first (on-policy) update's against the rest
+        if res.aux_loss is not None:
+            sums["moe/aux_loss"] += res.aux_loss / cfg.train.num_minibatches
         if res.seen is not None:
             seen.append(res.seen)
             out.update({f"moe/route_obj/mb_{i}/{k}": res.seen[k] for k in ("flips", "r2_removed_share", "total_var")})

@@ -99,6 +99,19 @@ def reference(name: str, batch: dict, p, aggregation: str):
                 x = sg * (lp[i, t] - old[i, t])
                 logs.append(sg * torch.minimum(x, x.clamp(-p.log_clip, p.log_clip)))
             tokens = [sum(a) / n * torch.exp(sum(logs) / n)] * n  # J_i counted per token below
+        elif name in ("dppo_tv", "dppo_kl"):  # arXiv 2602.04879; prime-rl's default loss, verl's dppo_*
+            for t in range(n):
+                ell = lp[i, t] - old[i, t]
+                pi, mu = math.exp(lp[i, t].item()), math.exp(old[i, t].item())
+                if name == "dppo_tv":
+                    up, down = pi - mu > p.mask_high, pi - mu < -p.mask_low
+                else:  # the sampled token's binary KL, verl's 1e-8 guard; NaN (never masked) where a test's
+                    # random "log-prob" above 0 puts μ past 1
+                    arg = (1 - mu + 1e-8) / (1 - pi + 1e-8)
+                    d = mu * math.log(mu / pi) + (1 - mu) * math.log(arg) if arg > 0 else math.nan
+                    up, down = d > p.mask_high and pi > mu, d > p.mask_low and pi < mu
+                masked = up if a[t] > 0 else down
+                tokens.append((0.0 if masked else a[t] * torch.exp(ell)) - p.kl_tau * ell**2)
         seq_sum = sum(tokens)
         total = total + (seq_sum / n if aggregation == "seq_mean" else seq_sum)
     loss = -total / (n_seq if aggregation == "seq_mean" else n_tok)
@@ -307,7 +320,7 @@ def test_registry_and_arguments():
         get_objective("sapo", clip_low=0.2)
     with pytest.raises(ValueError, match="allowed: numbers > 0"):
         get_objective("sapo", tau_neg=-1)
-    with pytest.raises(ValueError, match="allowed: cispo, gmpo, grpo, gspo, gspo_token, sapo"):
+    with pytest.raises(ValueError, match="allowed: cispo, dppo_kl, dppo_tv, gmpo, grpo, gspo, gspo_token, sapo"):
         get_objective("ppo")
     with pytest.raises(ValueError, match="allowed: seq_mean, token_mean"):
         get_objective("gspo", aggregation="sum")
@@ -333,3 +346,58 @@ def test_low_precision_inputs_compute_in_float32(name, dtype):
         "advantages": low["advantages"].float(),
     }
     torch.testing.assert_close(loss, run(get_objective(name), as_f32)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+def test_dppo_masks_by_the_advantages_sign_at_its_boundaries(name):
+    """A token is masked only on the side its advantage pushes: Â > 0 once π_θ rose past the bound, Â < 0 once it
+    fell past it; at the bound itself it is kept (strict inequalities, as prime-rl and verl). The KL term acts on every
+    token, masked ones included."""
+    obj = get_objective(name, kl_tau=0.0)
+    mu = 0.5
+    if name == "dppo_tv":
+        up, down = mu + obj.params.mask_high, mu - obj.params.mask_low
+    else:  # the probability at which the binary KL reaches the bound, found by bisection
+
+        def bkl(pi):
+            return mu * math.log(mu / pi) + (1 - mu) * math.log((1 - mu + 1e-8) / (1 - pi + 1e-8))
+
+        def solve(near, far, bound):  # bkl grows from 0 at μ (`near`) towards `far`: where it reaches `bound`
+            for _ in range(200):
+                mid = (near + far) / 2
+                near, far = (mid, far) if bkl(mid) < bound else (near, mid)
+            return (near + far) / 2
+
+        up, down = solve(mu, 1 - 1e-9, obj.params.mask_high), solve(mu, 1e-9, obj.params.mask_low)
+    eps = 1e-6
+    pis = [up - eps, up + eps, down + eps, down - eps, down - eps, up + eps]
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
+    batch = {
+        "logprobs": torch.tensor([[math.log(v)] for v in pis], dtype=torch.float64),
+        "old_logprobs": torch.full((6, 1), math.log(mu), dtype=torch.float64),
+        "advantages": adv,
+        "mask": torch.ones(6, 1, dtype=torch.bool),
+    }
+    _, metrics, grad = run(obj, batch)
+    kept = torch.tensor([True, False, True, False, True, True])  # the last two: the far side of their advantage
+    assert ((grad[:, 0] != 0) == kept).all()
+    assert metrics["policy/clip_frac/high"] == pytest.approx(1 / 6) and metrics[
+        "policy/clip_frac/low"
+    ] == pytest.approx(1 / 6)
+    _, _, with_kl = run(get_objective(name, kl_tau=0.5), batch)
+    assert (with_kl[~kept, 0] != 0).all()  # the KL term still pulls the masked tokens back
+
+
+def test_dppo_is_anchored_to_the_rollout_and_refuses_r2():
+    from gspo_study.config import ConfigError, load_config
+
+    base = ["experiments/smoke/base.yaml", "experiments/runs/dppo.yaml"]
+    assert OBJECTIVES["dppo_tv"].anchor == OBJECTIVES["dppo_kl"].anchor == "rollout"
+    assert OBJECTIVES["grpo"].anchor == "old"
+    load_config(base, ["algo.routing_replay=r3"])  # R3 replays the rollout's routing: allowed
+    with pytest.raises(ConfigError, match="R2 has nothing to replay"):
+        load_config(base, ["algo.routing_replay=r2"])
+    with pytest.raises(ConfigError, match="against the rollout's log-probs .μ., by definition"):
+        load_config(base, ["algo.old_logprobs=recompute"])
+    with pytest.raises(ConfigError, match="nothing to correct"):  # a train–inference correction: there is no π_old
+        load_config(base, ["algo.rollout_correction=token_truncate"])

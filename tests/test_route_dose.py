@@ -174,3 +174,20 @@ def test_the_knobs_refuse_what_cannot_work_and_leave_every_key_at_their_defaults
         smoke_cfg("numerics=2")
     with pytest.raises(ConfigError, match="'train.router_lr_scale'; allowed: a number >= 0"):
         smoke_cfg("train.router_lr_scale=-1")
+
+
+def test_the_load_balance_loss_is_transformers_own_and_off_by_default(policy, smoke_cfg):
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    model, ids = policy
+    att = torch.ones_like(ids)
+    aux = []
+    with torch.no_grad(), record_router_outputs(model) as outs:
+        token_logprobs(model, ids, att, aux_out=aux)
+    e, k = model.config.num_experts, model.config.num_experts_per_tok
+    logits = tuple(outs.logits[layer].reshape(-1, e) for layer in sorted(outs.logits))
+    assert torch.equal(aux[0], load_balancing_loss_func(logits, e, k, att[:, :-1]))
+    _, (off,) = _steps(smoke_cfg("algo.objective=grpo"))
+    _, (on,) = _steps(smoke_cfg("algo.objective=grpo", "train.aux_loss_coef=0.1"))
+    assert "moe/aux_loss" not in off and on["moe/aux_loss"] > 0
+    assert on["train/grad_norm"] != off["train/grad_norm"]

@@ -117,3 +117,63 @@ def gmpo(x: PolicyInputs, p: GmpoParams) -> Surrogate:
         beyond & (x.token_advantages < 0),
         beyond & (x.token_advantages > 0),
     )
+
+
+@dataclass(frozen=True)
+class DppoParams:
+    """DPPO's trust region on the sampled token's probability (arXiv 2602.04879) and its optional KL term. Defaults of
+    dppo_tv: prime-rl's default loss (`DefaultLossConfig`: dppo_mask_low = dppo_mask_high = 0.2, kl_tau = 1e-3,
+    PrimeIntellect-ai/prime-rl 559b447, packages/prime-rl-configs/src/prime_rl/configs/trainer.py); of dppo_kl:
+    verl's DPPO example (examples/dppo_trainer/run_qwen30b_dppo.sh at 8f11888: binary-KL thresholds 0.05, no KL
+    term)."""
+
+    mask_low: float = 0.2  # Â < 0: a token is masked once its probability fell by more than this (TV) / binary KL
+    mask_high: float = 0.2  # Â > 0: masked once its probability rose by more than this (TV) / binary KL beyond this
+    kl_tau: float = 1e-3  # weight of the squared log-ratio term kl_tau · (log π_θ − log μ)² on every token
+
+    def __post_init__(self):
+        if not (self.mask_low > 0 and self.mask_high > 0 and self.kl_tau >= 0):
+            raise ValueError(
+                f"bad DPPO parameters (mask_low {self.mask_low}, mask_high {self.mask_high}, kl_tau {self.kl_tau}); "
+                "allowed: mask_low > 0, mask_high > 0, kl_tau >= 0"
+            )
+
+
+def _dppo(x: PolicyInputs, p: DppoParams, masked_up: torch.Tensor, masked_down: torch.Tensor) -> Surrogate:
+    """The DPPO term per token: keep · Â_it · w_it − kl_tau · ℓ_it², keep = not masked on the side Â's sign asks
+    (Â > 0: `masked_up`; Â ≤ 0: `masked_down`); the gradient flows through w (∇w = w ∇log π_θ), as prime-rl's
+    default loss and verl's dppo_* (whose sg[min(w, C)] log π_θ has the same gradient below C)."""
+    adv = x.token_advantages
+    masked = torch.where(adv > 0, masked_up, masked_down)
+    ratio = torch.exp(x.log_ratio)
+    term = torch.where(masked, torch.zeros_like(ratio), adv * ratio) - p.kl_tau * x.log_ratio**2
+    return Surrogate(term, (adv < 0) & masked, (adv > 0) & masked)
+
+
+def _probs(x: PolicyInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(π_θ, μ) of the sampled tokens, detached: the masks are decided on them, never differentiated."""
+    lp = x.logprobs.detach()
+    return lp.exp(), (lp - x.log_ratio.detach()).exp()
+
+
+@register("dppo_tv", DppoParams(), anchor="rollout")
+def dppo_tv(x: PolicyInputs, p: DppoParams) -> Surrogate:
+    """DPPO-Binary-TV: per token keep · Â w − kl_tau ℓ², w = π_θ/μ against the rollout's log-probs, a token masked
+    when π_θ − μ > mask_high (Â > 0) or π_θ − μ < −mask_low (Â ≤ 0); returns [B, T] (prime-rl's default loss,
+    src/prime_rl/trainer/rl/loss.py `default_loss_fn` at 559b447; verl `compute_policy_loss_dppo_tv`)."""
+    prob, mu = _probs(x)
+    return _dppo(x, p, prob - mu > p.mask_high, prob - mu < -p.mask_low)
+
+
+BINARY_KL_EPS = 1e-8  # verl's guard in log((1 − μ) / (1 − π)) for probabilities at 1
+
+
+@register("dppo_kl", DppoParams(mask_low=0.05, mask_high=0.05, kl_tau=0.0), anchor="rollout")
+def dppo_kl(x: PolicyInputs, p: DppoParams) -> Surrogate:
+    """DPPO-Binary-KL: dppo_tv's term with the mask on the binary KL of the sampled token, D = μ log(μ/π) + (1 − μ)
+    log((1 − μ)/(1 − π)): masked when D > mask_high and π > μ (Â > 0), or D > mask_low and π < μ (Â ≤ 0); returns
+    [B, T] (verl `compute_policy_loss_dppo_kl`, verl/trainer/ppo/core_algos.py)."""
+    prob, mu = _probs(x)
+    eps = BINARY_KL_EPS
+    kl = mu * (mu.log() - prob.log()) + (1 - mu) * torch.log((1 - mu + eps) / (1 - prob + eps))
+    return _dppo(x, p, (kl > p.mask_high) & (prob > mu), (kl > p.mask_low) & (prob < mu))

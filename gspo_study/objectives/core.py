@@ -108,13 +108,20 @@ class ClipRange:
             )
 
 
+ANCHORS = ("old", "rollout")  # what an objective's ratio is taken against (`register`)
+
+
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """A registered algorithm: its surrogate function and its default hyperparameters (a frozen dataclass)."""
+    """A registered algorithm: its surrogate function, its default hyperparameters (a frozen dataclass) and the
+    policy its ratio is anchored to: "old" (π_old, recomputed or the rollout's as `algo.old_logprobs` says) or
+    "rollout" (μ, the rollout engine's own log-probs, by definition: there is no π_old, so nothing for R2 to replay
+    and nothing for a train–inference correction to correct; the config refuses both, `validate`)."""
 
     name: str
     surrogate: SurrogateFn
     defaults: object
+    anchor: str = "old"
 
     @property
     def hyperparameters(self) -> tuple[str, ...]:
@@ -124,16 +131,19 @@ class ObjectiveSpec:
 OBJECTIVES: dict[str, ObjectiveSpec] = {}
 
 
-def register(name: str, defaults) -> Callable[[SurrogateFn], SurrogateFn]:
+def register(name: str, defaults, anchor: str = "old") -> Callable[[SurrogateFn], SurrogateFn]:
     """Decorator adding `surrogate` to OBJECTIVES under `name`, with `defaults`: an instance of its own frozen
-    dataclass of hyperparameters (e.g. `ClipRange(0.2, 0.27)`)."""
+    dataclass of hyperparameters (e.g. `ClipRange(0.2, 0.27)`), and the policy its ratio is `anchor`ed to
+    (`ObjectiveSpec`)."""
     if not is_dataclass(defaults) or isinstance(defaults, type):
         raise TypeError(f"objective {name!r}: defaults must be a dataclass instance, got {defaults!r}")
+    if anchor not in ANCHORS:
+        raise ValueError(f"objective {name!r}: bad anchor {anchor!r}; allowed: {', '.join(ANCHORS)}")
 
     def add(surrogate: SurrogateFn) -> SurrogateFn:
         if name in OBJECTIVES:
             raise ValueError(f"objective {name!r} is already registered")
-        OBJECTIVES[name] = ObjectiveSpec(name, surrogate, defaults)
+        OBJECTIVES[name] = ObjectiveSpec(name, surrogate, defaults, anchor)
         return surrogate
 
     return add

@@ -56,6 +56,17 @@ RUNS = {
     "cispo_r2": ("grpo_r2", ["algo.objective=cispo"]),  # CISPO
     "sapo": ("sapo", []),  # SAPO
     "gmpo_token_mean": ("gmpo", ["algo.aggregation=token_mean"]),  # GMPO, token-mean aggregation
+    "dppo_tv_r3": ("dppo_r3", []),  # DPPO-Binary-TV + KL against μ, R3
+    "dppo_kl_aux": (
+        "dppo",
+        [
+            "algo.objective=dppo_kl",
+            "algo.hparams.mask_low=0.05",
+            "algo.hparams.mask_high=0.05",
+            "algo.hparams.kl_tau=0",
+            "train.aux_loss_coef=0.001",
+        ],
+    ),  # DPPO-Binary-KL, load-balance loss
 }
 
 
