@@ -534,11 +534,31 @@ def yaml_values(node, limit: float, memo: dict | None = None, path: tuple = ()) 
     return n
 
 
+# Configs nest 3 levels (figures.yaml 5): deeper is refused while the document is composed, before PyYAML's recursive
+# composer (or anything after it) can run out of stack — a file of 200,000 nested lists once ended in a RecursionError.
+MAX_YAML_DEPTH = 32
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last) and a
-    document of more than `limit` values, aliases expanded, is refused before it is built (`yaml_values`)."""
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last), a
+    document nesting deeper than MAX_YAML_DEPTH is refused while it is composed, and a document of more than `limit`
+    values, aliases expanded, is refused before it is built (`yaml_values`)."""
 
     limit: float = MAX_YAML_VALUES
+    _depth: int = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _TooLarge(
+                    f"its YAML nests deeper than {MAX_YAML_DEPTH} levels (line {line}); allowed: at most "
+                    f"{MAX_YAML_DEPTH}"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def get_single_data(self):
         node = self.get_single_node()

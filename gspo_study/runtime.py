@@ -10,6 +10,7 @@ and every CPU forward run as they are, so the CPU path is bit-identical to a run
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import random
 
 import torch
@@ -97,3 +98,9 @@ def load_policy(cfg, path: str | None = None):
 
 
 __all__ = ["seed_everything", "load_policy", "place", "resolve_device", "autocast", "CheckpointError"]
+
+
+def derive_seed(seed: int, step: int, purpose: str) -> int:
+    """The seed of one random draw, keyed by (seed, step, purpose): for a seed every algorithm sees the same prompts
+    and sampling streams, and a resumed run needs no saved RNG state."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{purpose}".encode()).digest()[:8], "little") >> 1

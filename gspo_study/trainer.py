@@ -18,7 +18,6 @@ docs/METRICS.md.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import random
@@ -26,8 +25,8 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -39,68 +38,45 @@ from gspo_study.errors import NonFiniteError, Terminated
 from gspo_study.evaluate import evaluate, score
 from gspo_study.models.presets import active_params
 from gspo_study.moe import (
-    REPLAY_MODES,
-    NoisyChoice,
-    ReplayMode,
     RouterOutputs,
     RoutingTrace,
-    gate_drift,
     has_moe,
-    load_metrics,
-    mismatch_metrics,
-    noisy_routing,
-    record_router_outputs,
-    record_routing,
-    replay_routing,
-    router_metrics,
-    routing_share,
-    routing_volatility,
 )
-from gspo_study.objectives import Objective, combine_metrics, get_objective, group_advantages, zero_std_group_frac
+from gspo_study.objectives import combine_metrics, get_objective, group_advantages, zero_std_group_frac
 from gspo_study.objectives.correction import correction_weights
 from gspo_study.rollout import Perturbation, RolloutBatch, make_engine
-from gspo_study.rollout.base import RolloutEngine, merge_batches
+from gspo_study.rollout.base import merge_batches
 from gspo_study.run import RunSetup, check_start, resolve_run, run_lock
+from gspo_study.runtime import derive_seed
+from gspo_study.step import (
+    Context,
+    MinibatchResult,
+    OldPolicy,
+    StepInputs,
+    cat_outputs,
+    old_pass_trains,
+    policy_pass,
+    replay_mode,
+    route_dose,
+    routing_context,
+)
 from gspo_study.tasks import get_task
-from gspo_study.tasks.base import Task
+from gspo_study.telemetry import (
+    objective_route,
+    per_update_volatility,
+    pooled_route,
+    route_baseline,
+    telemetry,
+    telemetry_rows,
+)
 from gspo_study.tracking import NullTracker, Tracker
-from gspo_study.train import TrainingBackend, make_backend
+from gspo_study.train import make_backend
 from gspo_study.train.checkpointing import RunState, load_run_checkpoint, save_run_checkpoint, settle_interrupted_save
 from gspo_study.train.dist import gather
 from gspo_study.train.forward import token_logprobs
 from gspo_study.train.lag import SNAPSHOTS, PolicyLag
 from gspo_study.train.memory import check_positions, check_step_fits, longest_prompt
 from gspo_study.train.sizes import check_run
-
-
-def derive_seed(seed: int, step: int, purpose: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{purpose}".encode()).digest()[:8], "little") >> 1
-
-
-@dataclass
-class Context:
-    """Everything a step needs; built once per run."""
-
-    run: RunSetup
-    cfg: Config
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    task: Task
-    engine: RolloutEngine
-    objective: Objective
-    backend: TrainingBackend
-    tracker: Tracker | None
-    state: RunState
-    flops_per_token: float
-    rank: int = 0  # this process's rank (deepspeed backend); rank 0 logs and checkpoints
-    world: int = 1
-    samples_text: list[str] = field(default_factory=list)
-    lag: PolicyLag | None = None  # rollout.policy_lag > 0: the stale behaviour policy
-
-    @property
-    def behaviour(self):
-        """The policy that generates the rollout and gives π_old: the trainer's model, or its stale copy."""
-        return self.model if self.lag is None else self.lag.model
 
 
 # ---------------------------------------------------------------------------------------------- phases
@@ -150,95 +126,6 @@ def records_rollout_routing(ctx: Context) -> bool:
     return ctx.engine.records_routing and has_moe(ctx.engine.model)
 
 
-def chunks(n: int, size: int | None) -> list[torch.Tensor]:
-    return list(torch.arange(n).split(size or n))
-
-
-@torch.no_grad()
-def policy_pass(
-    ctx: Context,
-    batch: RolloutBatch,
-    replay: RoutingTrace | None,
-    model=None,
-    choose: Callable[[torch.Tensor], NoisyChoice | None] | None = None,
-    outputs: list[RouterOutputs] | None = None,
-) -> tuple[torch.Tensor, RoutingTrace | None]:
-    """Log-probs of the whole batch under `model` (default: the current policy; no grad) and its routing (None for a
-    model without MoE layers): natural, or chosen by `choose(rows)` (axis R's noisy choice) where it gives one.
-    `outputs`: a list that gets each micro-batch's router outputs (`RouterOutputs`, `cat_outputs` joins them)."""
-    model = ctx.model if model is None else model
-    lps, traces = [], []
-    moe = has_moe(model)
-    for rows in chunks(len(batch), ctx.cfg.train.micro_batch_size):
-        stopping.stop_point()  # between micro-batches: a stop asked now need not wait for the pass to end
-        with ExitStack() as stack:
-            if outputs is not None and moe:
-                outputs.append(stack.enter_context(record_router_outputs(model)))
-            if replay is None:
-                choice = choose(rows) if choose is not None else None
-                if choice is not None:
-                    stack.enter_context(noisy_routing(model, choice))
-                trace = stack.enter_context(record_routing(model)) if moe else None
-                lp, _ = token_logprobs(
-                    model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
-                )
-            else:
-                handle = stack.enter_context(replay_routing(model, replay.select(rows), record_natural=True))
-                lp, _ = token_logprobs(
-                    model, batch.sequences[rows], batch.attention_mask[rows], ctx.cfg.rollout.temperature
-                )
-                trace = handle.natural
-        lps.append(lp)
-        traces.append(trace)
-    return torch.cat(lps), RoutingTrace.cat(traces) if moe else None
-
-
-def cat_outputs(outputs: list[RouterOutputs]) -> tuple[dict[int, torch.Tensor], RoutingTrace]:
-    """Micro-batches' router outputs joined along the batch: (logits per layer [B, T, E], gate weights [B, T, k])."""
-    logits = {layer: torch.cat([o.logits[layer] for o in outputs]) for layer in outputs[0].logits}
-    return logits, RoutingTrace.cat(o.gates for o in outputs)
-
-
-def route_dose(ctx: Context, step: int, in_old: bool = False) -> Callable[[torch.Tensor], NoisyChoice] | None:
-    """Axis R (`train.route_noise`, `train.route_random`): the noisy top-k choice for a forward over rows of step
-    `step`'s batch, or None where the forward routes clean. π_θ's update forwards take it; π_old's pass (`in_old`)
-    only under the sham (`train.route_sham`). A token's draw is keyed by (seed, step, row, layer), so a row draws the
-    same noise in every forward of its step, whatever else shares the forward."""
-    t, seed = ctx.cfg.train, ctx.cfg.seed
-    if not (t.route_noise > 0 or t.route_random) or (in_old and not t.route_sham):
-        return None
-    sigma = math.inf if t.route_random else t.route_noise
-
-    def draw(row: int, layer: int, seq: int, experts: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(derive_seed(seed, step, f"route_noise/{row}/{layer}"))
-        return torch.randn(seq, experts, generator=gen)
-
-    return lambda rows: NoisyChoice(sigma, rows, draw)
-
-
-def replay_mode(cfg: Config) -> ReplayMode:
-    return REPLAY_MODES[cfg.algo.routing_replay]
-
-
-def old_pass_trains(cfg: Config) -> bool:
-    """Whether the π_old forward is training compute: its log-probs are the objective's π_old, or its routing is
-    replayed (R2). Otherwise (rollout log-probs without R2) it only feeds telemetry: the train–inference mismatch
-    and π_old's routing for the volatility metric."""
-    return cfg.algo.old_logprobs == "recompute" or replay_mode(cfg).old_pass_trains
-
-
-@dataclass
-class OldPolicy:
-    """π_old of one step (from `old_policy`)."""
-
-    logprobs: torch.Tensor  # the objective's π_old: train_logprobs, or μ under `algo.old_logprobs: rollout`
-    train_logprobs: torch.Tensor  # the training engine's π_old log-probs (mismatch, rollout correction)
-    natural: RoutingTrace | None  # π_old's routing in that pass (under R3: what its routers would choose; under
-    # axis R's sham: its noisy choice)
-    replay: RoutingTrace | None  # the routing the updates replay (R2: `natural`, R3: the rollout's), or None
-    gates: RoutingTrace | None = None  # the gate weights of the experts that pass used (gate-drift telemetry)
-
-
 def old_policy(ctx: Context, batch: RolloutBatch, step: int = 0) -> OldPolicy:
     source = replay_mode(ctx.cfg).replays
     outputs: list[RouterOutputs] = []
@@ -253,21 +140,6 @@ def old_policy(ctx: Context, batch: RolloutBatch, step: int = 0) -> OldPolicy:
     replay = {None: None, "old": natural, "rollout": batch.routing}[source]
     old_lp = batch.rollout_logprobs if ctx.cfg.algo.old_logprobs == "rollout" else train_lp
     return OldPolicy(old_lp, train_lp, natural, replay, cat_outputs(outputs)[1] if outputs else None)
-
-
-@dataclass
-class StepInputs:
-    """What every update of a step reads, and the telemetry's reference."""
-
-    batch: RolloutBatch
-    advantages: torch.Tensor
-    old: OldPolicy
-    weights: torch.Tensor | None = None  # the rollout correction's per-token multipliers, or None
-    # π_old's log-probs, routing and gate weights with its routers free (`route_baseline`), None without MoE layers:
-    # what the routing telemetry compares the updated policy with
-    baseline: tuple[torch.Tensor, RoutingTrace, RoutingTrace | None] | None = None
-    step: int = 0  # the RL step (axis R's draws are keyed by it)
-    telemetry_rows: torch.Tensor | None = None  # the rows the routing telemetry reads (None: all)
 
 
 def rollout_correction(
@@ -294,34 +166,6 @@ def learning_rate(cfg: Config, step: int) -> float:
     return cfg.train.lr * (min(1.0, step / warm) if warm else 1.0)
 
 
-@dataclass
-class MinibatchResult:
-    metrics: dict[str, float]  # the objective's metrics over the whole minibatch (every rank's parts)
-    grad_norm: float
-    entropy_sum: float  # Σ over the minibatch's response tokens of the policy's entropy
-    tokens: float  # the minibatch's response tokens
-    rows: torch.Tensor  # this rank's rows of the minibatch
-    routing: RoutingTrace | None  # this rank's rows' natural routing in the update's forward, when asked
-    replayed_calls: int = 0  # router calls of this rank's forwards that replayed a trace (R2/R3; 0 without)
-    seen: dict[str, float] | None = None  # `objective_route`'s reading (telemetry.update_route), else None
-    aux_loss: float | None = None  # the load-balance loss, row-weighted over the minibatch (train.aux_loss_coef)
-
-
-@contextmanager
-def _routing_context(model, replay: RoutingTrace | None, micro, record: bool, choose=None):
-    """The update forward's routing: replayed (R2/R3), else chosen by `choose` (axis R) or free; recorded when
-    `record` (under replay, what the routers would have chosen given the replayed upstream activations). Yields the
-    replay handle, the recorded trace, or None."""
-    if replay is not None:
-        with replay_routing(model, replay.select(micro), record_natural=record) as handle:
-            yield handle
-        return
-    with ExitStack() as stack:
-        if choose is not None:
-            stack.enter_context(noisy_routing(model, choose(micro)))
-        yield stack.enter_context(record_routing(model)) if record else None
-
-
 def update_minibatch(
     ctx: Context, inputs: StepInputs, rows: torch.Tensor, lr: float, record: bool = False
 ) -> MinibatchResult:
@@ -336,7 +180,7 @@ def update_minibatch(
     coef = ctx.cfg.train.aux_loss_coef
     choose = route_dose(ctx, inputs.step)
     for i, micro in enumerate(micros):
-        with _routing_context(ctx.model, old.replay, micro, record, choose) as routed:
+        with routing_context(ctx.model, old.replay, micro, record, choose) as routed:
             aux = [] if coef > 0 else None
             lp, ent = token_logprobs(
                 ctx.backend.train_module,
@@ -372,46 +216,6 @@ def update_minibatch(
     return MinibatchResult(
         combine_metrics(parts), grad_norm, ent_sum, mask[rows].sum().item(), local, routing, replayed, seen, aux_loss
     )
-
-
-@torch.no_grad()
-def objective_route(ctx: Context, inputs: StepInputs, rows: torch.Tensor) -> dict[str, float] | None:
-    """The routing part of the log-ratio the objective itself sees in this update (`telemetry.update_route`), on the
-    update's rows among the step's telemetry rows, before the optimizer step: the update's own routing context (free,
-    axis R's noisy choice, or the replayed trace) against π_old's routing replayed, both forwards at the weights the
-    update's gradient was taken at. Exactly 0 under R2 and R3 (both forwards replay the same trace). None when no
-    telemetry row is in the update."""
-    tele, old = inputs.telemetry_rows, inputs.old
-    sub = rows if tele is None else rows[torch.isin(rows, tele)]
-    if old.natural is None or len(sub) == 0:
-        return None
-    batch, temp = inputs.batch, ctx.cfg.rollout.temperature
-    fixed = (old.replay if old.replay is not None else old.natural).select(sub)
-    seq, att, mask = batch.sequences[sub], batch.attention_mask[sub], batch.response_mask[sub]
-    free = old.replay is None
-    with _routing_context(ctx.model, old.replay, sub, free, route_dose(ctx, inputs.step)) as routed:
-        lp_own, _ = token_logprobs(ctx.model, seq, att, temp)
-    used = routed if free else fixed  # the experts that forward used
-    with replay_routing(ctx.model, fixed):
-        lp_fixed, _ = token_logprobs(ctx.model, seq, att, temp)
-    share = routing_share(
-        old_logprobs=old.logprobs[sub],
-        new_logprobs=lp_own,
-        new_logprobs_old_routing=lp_fixed,
-        advantages=inputs.advantages[sub],
-        mask=mask,
-    )
-    flips = routing_volatility(fixed, used, mask)["overall"]
-    keep = ("total_var", "pol_var", "var", "cov", "r2_removed_share", "abs_mean", "clip_flip_token")
-    return {"flips": flips, **{k: share[k] for k in keep}}
-
-
-def per_update_volatility(natural_old: RoutingTrace, result: MinibatchResult, mask: torch.Tensor) -> dict:
-    """Routing volatility after exactly one optimizer update (the GSPO paper's unit): π_old's routing of the
-    second minibatch's rows against the routing of the second update's own forward, which runs on the policy
-    after the first update. Free: both traces come from passes the step makes anyway."""
-    vol = routing_volatility(natural_old.select(result.rows), result.routing, mask[result.rows])
-    return {f"moe/routing_volatility/per_update/{k}": vol[k] for k in ("overall", "tokens_any_changed")}
 
 
 OnUpdate = Callable[[StepInputs, int, MinibatchResult], None]
@@ -468,98 +272,6 @@ def update(ctx: Context, inputs: StepInputs, step: int, on_update: OnUpdate | No
         }
     )
     return out
-
-
-def pooled_route(seen: list[dict[str, float]]) -> dict[str, float]:
-    """The step's `moe/route_obj/*` over its updates: variances summed (so 1 − Σ pol_var / Σ total_var is the share
-    R2 removes from the step's pooled ratio), flips averaged; {} when no update was read."""
-    if not seen:
-        return {}
-    tot = {k: sum(x[k] for x in seen) for k in ("total_var", "pol_var", "var", "cov")}
-    out = {f"moe/route_obj/{k}": v / len(seen) for k, v in tot.items()}
-    out["moe/route_obj/r2_removed_share"] = 1.0 - tot["pol_var"] / tot["total_var"] if tot["total_var"] > 0 else 0.0
-    out["moe/route_obj/var_share"] = tot["var"] / tot["total_var"] if tot["total_var"] > 0 else 0.0
-    for k in ("flips", "abs_mean", "clip_flip_token"):
-        out[f"moe/route_obj/{k}"] = sum(x[k] for x in seen) / len(seen)
-    return out
-
-
-def route_baseline(
-    ctx: Context, batch: RolloutBatch, old: OldPolicy
-) -> tuple[torch.Tensor, RoutingTrace, RoutingTrace | None] | None:
-    """π_old's log-probs, routing and gate weights with its routers free, for the routing telemetry: the π_old pass's
-    own output, except under R3, whose π_old pass replays the rollout's routing, and under axis R's sham, whose π_old
-    pass routes noisily (then one more free pass, telemetry), so the instrument reads the same whatever the run's
-    replay mode or dose. None without MoE layers."""
-    if old.natural is None:
-        return None
-    if replay_mode(ctx.cfg).replays == "rollout" or ctx.cfg.train.route_sham:
-        outputs: list[RouterOutputs] = []
-        lp, natural = policy_pass(ctx, batch, None, ctx.behaviour, outputs=outputs)
-        return lp, natural, cat_outputs(outputs)[1]
-    return old.train_logprobs, old.natural, old.gates
-
-
-def telemetry(ctx: Context, inputs: StepInputs, step: int = 0) -> dict[str, float]:
-    """After the step's last update, on its rollout: routing volatility (updated policy vs π_old), the share of
-    the importance log-ratio that is routing (`moe/route/*`), both on `telemetry.route_rows` of the responses;
-    train–inference mismatch and, where the rollout engine recorded routing, train–inference routing
-    disagreement (π_old's free routing vs the engine's), both on the whole batch at no extra forward."""
-    out = {}
-    batch, adv, natural_old, train_lp = inputs.batch, inputs.advantages, inputs.old.natural, inputs.old.train_logprobs
-    baseline, mask = inputs.baseline, batch.response_mask
-    if natural_old is not None:
-        rows = telemetry_rows(ctx, len(batch), step)
-        sub = batch if rows is None else batch.select(rows)
-        pick = (lambda x: x) if rows is None else (lambda x: x.select(rows) if isinstance(x, RoutingTrace) else x[rows])
-        seen: list[RouterOutputs] = []
-        new_lp, natural_new = policy_pass(ctx, sub, None, outputs=seen)
-        vol = routing_volatility(pick(natural_old), natural_new, sub.response_mask)
-        out.update({f"moe/routing_volatility/{k}": v for k, v in vol.items()})
-        out.update(router_telemetry(ctx, seen, natural_new, sub.response_mask))
-        old_lp, old_routing, old_gates = baseline
-        fixed: list[RouterOutputs] = []
-        new_lp_old_routing, _ = policy_pass(ctx, sub, pick(old_routing), outputs=fixed)
-        if old_gates is not None:  # π_θ's gate weights at π_old's experts against π_old's own
-            drift = gate_drift(pick(old_gates), cat_outputs(fixed)[1], sub.response_mask)
-            out.update({f"moe/gate_drift/{k}": v for k, v in drift.items()})
-        share = routing_share(
-            old_logprobs=pick(old_lp),
-            new_logprobs=new_lp,
-            new_logprobs_old_routing=new_lp_old_routing,
-            advantages=pick(adv),
-            mask=sub.response_mask,
-        )
-        out.update({f"moe/route/{k}": v for k, v in share.items()})
-        if batch.routing is not None:
-            gap = routing_volatility(baseline[1], batch.routing, mask)
-            out.update({f"moe/train_infer_routing/{k}": v for k, v in gap.items()})
-    mm = mismatch_metrics(train_lp, batch.rollout_logprobs, mask)
-    out.update({f"mismatch/{k}": v for k, v in mm.items()})
-    return out
-
-
-def router_telemetry(
-    ctx: Context, outputs: list[RouterOutputs], natural: RoutingTrace, mask: torch.Tensor
-) -> dict[str, float]:
-    """The updated policy's expert load (`moe/load/*`) and routers (`moe/router/*`) on the telemetry rows: what a
-    load collapse or a router running away would show (docs/METRICS.md)."""
-    logits, _ = cat_outputs(outputs)
-    c = ctx.model.config
-    load = load_metrics(natural, mask, c.num_experts)
-    routers = router_metrics(logits, mask, c.num_experts_per_tok)
-    return {**{f"moe/load/{k}": v for k, v in load.items()}, **{f"moe/router/{k}": v for k, v in routers.items()}}
-
-
-def telemetry_rows(ctx: Context, n: int, step: int) -> torch.Tensor | None:
-    """The responses the routing telemetry's two forwards read: all (None) at `telemetry.route_rows: 1`, else a
-    seeded draw of ⌈route_rows · n⌉ of them, the same for every algorithm of a seed (keyed by seed and step)."""
-    share = ctx.cfg.telemetry.route_rows
-    if share >= 1.0:
-        return None
-    k = max(1, math.ceil(share * n))
-    gen = torch.Generator().manual_seed(derive_seed(ctx.cfg.seed, step, "telemetry"))
-    return torch.randperm(n, generator=gen)[:k].sort().values
 
 
 def rollout_metrics(cfg: Config, rewards: torch.Tensor, batch: RolloutBatch) -> dict[str, float]:

@@ -243,3 +243,22 @@ def test_listing_names_the_layer_that_set_each_field(tmp_path, capsys):
     assert {r["key"] for r in listed} >= {"train.lr", "scale"} and "algo.icepop_low" not in {r["key"] for r in listed}
     assert main(["config", "experiments/smoke/base.yaml", "train.lr=-1"]) == 2
     assert "for 'train.lr'; allowed: a number in (0, 1]" in capsys.readouterr().err
+
+
+def test_a_deeply_nested_file_is_refused_in_under_a_second(tmp_path):
+    """200,000 nested lists once ended in a RecursionError traceback: the loader refuses past MAX_YAML_DEPTH while
+    composing, before any recursion can run out of stack; 32 levels still load."""
+    import time
+
+    from gspo_study.config import MAX_YAML_DEPTH
+
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("train: {lr: " + "[" * 200_000 + "]" * 200_000 + "}\n")
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=f"nests deeper than {MAX_YAML_DEPTH} levels .line 1.; allowed: at most"):
+        load_config(deep)
+    assert time.perf_counter() - start < 1.0
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("tracking: {experiment: " + "[" * (MAX_YAML_DEPTH - 2) + "]" * (MAX_YAML_DEPTH - 2) + "}\n")
+    with pytest.raises(ConfigError, match="tracking.experiment"):  # past the depth bound: an ordinary type error
+        load_config(ok)

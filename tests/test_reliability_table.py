@@ -75,6 +75,7 @@ def _files(root: Path, init: Path) -> dict[str, str]:
         "LONG": "x" * 300,
         "INIT": str(init),
         "ALIAS_YAML": write("aliases.yaml", _alias_bomb(8)),
+        "DEEP_YAML": write("deep.yaml", "train: {lr: " + "[" * 200_000 + "]" * 200_000 + "}\n"),
         "MANY_SEEDS": ",".join(map(str, range(5_001))),  # figure 1 has 2 runs per seed: 10,002 runs
     }
 
@@ -181,6 +182,7 @@ SIZES = [
     ("export-study", [*"--scale smoke --figures 1 --seeds".split(), "MANY_SEEDS"], "allowed: at most 5,000 seeds"),
     ("import-study", ["--scale", "smoke", "--file", "BIG_ARCHIVE"], "holds 10,001 runs and 0.0 GiB of data"),
     ("train", ["ALIAS_YAML"], "aliases.yaml: its YAML holds more than 1,000 values, aliases expanded; allowed"),
+    ("train", ["DEEP_YAML"], "deep.yaml: its YAML nests deeper than 32 levels (line 1); allowed: at most 32"),
 ]
 TABLE += SIZES
 # fmt: on
@@ -236,7 +238,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error:") and fragment in err and "\n" not in err, err
     assert seconds < 60, f"{seconds:.0f} s to say so"  # no retry storm (a directory as store took 322 s)
-    if (command, argv, fragment) in SIZES:  # measured: 0.01-0.15 s each (the alias file: 0.004 s)
+    if (command, argv, fragment) in SIZES:  # measured: 0.01-0.15 s each (the alias file: 0.004 s, the deep one 0.11)
         assert seconds < 5, f"{seconds:.1f} s to say so"
     assert not list(res.rglob("*.safetensors")) and not (res / "smoke" / "runs").exists()
     assert not any(readonly.iterdir())

@@ -9,8 +9,11 @@ import math
 import pytest
 import torch
 
+from gspo_study import step as step_mod
+from gspo_study import telemetry as tele
 from gspo_study.moe import routing_share
 from gspo_study.run import resolve_run
+from gspo_study.runtime import derive_seed
 
 
 def reference(old, new, new_old_route, adv, mask) -> dict[str, float]:
@@ -158,9 +161,9 @@ def instrument(ctx, batch, adv) -> dict[str, float]:
     from gspo_study import trainer
 
     old = trainer.old_policy(ctx, batch)
-    baseline = trainer.route_baseline(ctx, batch, old)
+    baseline = tele.route_baseline(ctx, batch, old)
     perturb(ctx.model)
-    out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old, baseline=baseline))
+    out = tele.telemetry(ctx, step_mod.StepInputs(batch, adv, old, baseline=baseline))
     return {k: v for k, v in out.items() if k.startswith("moe/route/")}
 
 
@@ -175,8 +178,8 @@ def test_instrument_is_the_same_whatever_the_replay_mode_and_zero_without_a_chan
         adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
         if mode == "none":  # before any change: routing's part is exactly zero
             old = trainer.old_policy(ctx, batch)
-            base = trainer.route_baseline(ctx, batch, old)
-            still = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old, baseline=base))
+            base = tele.route_baseline(ctx, batch, old)
+            still = tele.telemetry(ctx, step_mod.StepInputs(batch, adv, old, baseline=base))
             assert still["moe/route/abs_max"] == 0.0 and still["moe/route/clip_flip_token"] == 0.0
         readings[mode] = instrument(ctx, batch, adv)
     assert readings["none"]["moe/route/abs_mean"] > 0  # the perturbation moved some routing
@@ -195,15 +198,13 @@ def test_per_update_volatility_is_the_routing_after_exactly_one_update(smoke_cfg
     _, batch = trainer.rollout(logged, 1)
     adv = group_advantages(torch.arange(len(batch)).float() % 2, cfg.rollout.group_size)
     old = trainer.old_policy(logged, batch)
-    inputs = trainer.StepInputs(batch, adv, old)
+    inputs = step_mod.StepInputs(batch, adv, old)
     out = trainer.update(logged, inputs, 1)
 
-    perm = torch.randperm(
-        len(batch), generator=torch.Generator().manual_seed(trainer.derive_seed(cfg.seed, 1, "minibatch"))
-    )
+    perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, 1, "minibatch")))
     first, second = perm.chunk(cfg.train.num_minibatches)[:2]
     trainer.update_minibatch(twin, inputs, first, trainer.learning_rate(cfg, 1))
-    _, after_one = trainer.policy_pass(twin, batch.select(second), None)
+    _, after_one = step_mod.policy_pass(twin, batch.select(second), None)
     want = routing_volatility(old.natural.select(second), after_one, batch.response_mask[second])
     assert out["moe/routing_volatility/per_update/overall"] == want["overall"] > 0
     assert out["moe/routing_volatility/per_update/tokens_any_changed"] == want["tokens_any_changed"]
@@ -232,8 +233,8 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
         _, batch = trainer.rollout(ctx, 1)
         adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
         old = trainer.old_policy(ctx, batch)
-        base = trainer.route_baseline(ctx, batch, old)
-        out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old, baseline=base), 1)
+        base = tele.route_baseline(ctx, batch, old)
+        out = tele.telemetry(ctx, step_mod.StepInputs(batch, adv, old, baseline=base), 1)
         want = routing_volatility(base[1], batch.routing, batch.response_mask)
         gaps[mode, dtype] = {k: v for k, v in out.items() if k.startswith("moe/train_infer_routing/")}
         assert gaps[mode, dtype] == {f"moe/train_infer_routing/{k}": v for k, v in want.items()}
@@ -247,14 +248,14 @@ def test_train_inference_routing_gap_and_the_telemetry_subsample(smoke_cfg):
     adv = group_advantages(torch.arange(len(batch)).float() % 2, ctx.cfg.rollout.group_size)
     old = trainer.old_policy(ctx, batch)
     train_lp, natural_old = old.train_logprobs, old.natural
-    base = trainer.route_baseline(ctx, batch, old)
+    base = tele.route_baseline(ctx, batch, old)
     perturb(ctx.model)
-    out = trainer.telemetry(ctx, trainer.StepInputs(batch, adv, old, baseline=base), 1)
-    rows = trainer.telemetry_rows(ctx, len(batch), 1)
+    out = tele.telemetry(ctx, step_mod.StepInputs(batch, adv, old, baseline=base), 1)
+    rows = tele.telemetry_rows(ctx, len(batch), 1)
     assert len(rows) == len(batch) // 2 and rows.tolist() != list(range(len(rows)))
     sub = batch.select(rows)
-    new_lp, natural_new = trainer.policy_pass(ctx, sub, None)
-    new_old_route, _ = trainer.policy_pass(ctx, sub, natural_old.select(rows))
+    new_lp, natural_new = step_mod.policy_pass(ctx, sub, None)
+    new_old_route, _ = step_mod.policy_pass(ctx, sub, natural_old.select(rows))
     want = routing_share(
         old_logprobs=train_lp[rows],
         new_logprobs=new_lp,
