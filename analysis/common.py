@@ -70,6 +70,7 @@ class TrackedRun:
     cfg: Config
     run_id: str
     tags: dict[str, str]
+    numerics: int = 1  # the run's numerics version (its `numerics` param; runs from before the param: 1)
 
 
 @dataclass
@@ -135,11 +136,24 @@ def load(pairs: Iterable[tuple[str, Config]], x: str = "compute") -> Study:
         if run is None:
             missing.append((name, cfg.seed, why))
             continue
-        runs.append(TrackedRun(name, cfg.seed, cfg, run.info.run_id, dict(run.data.tags)))
+        numerics = int(run.data.params.get("numerics", 1))
+        runs.append(TrackedRun(name, cfg.seed, cfg, run.info.run_id, dict(run.data.tags), numerics))
         frames.append(_history(client, run, name, cfg.seed, run.info.run_id))
+    check_numerics(runs)
     columns = ["run", "label", "seed", "run_id", "step", "metric", "value", "flops"]
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
     return Study(runs, frame, tracking_uri(cfg0), cfg0.tracking.experiment, cfg0.out_dir, x, missing)
+
+
+def check_numerics(runs: list[TrackedRun]) -> None:
+    """A figure or report compares runs of one numerics version only (the `numerics` knob: kernels and reduction
+    orders that move numbers): a one-line error naming the versions and a run of each otherwise."""
+    by: dict[int, TrackedRun] = {}
+    for r in runs:
+        by.setdefault(r.numerics, r)
+    if len(by) > 1:
+        shown = "; ".join(f"numerics {v}: e.g. {r.run} seed {r.seed}" for v, r in sorted(by.items()))
+        raise ConfigError(f"these runs mix numerics versions ({shown}); allowed: one version per comparison")
 
 
 # ------------------------------------------------------------------------------------------------ quantities

@@ -145,3 +145,14 @@ def test_cells(which):
     }[which]
     c = mechanism.cell(load_config("experiments/cpu/base.yaml", over))
     assert c.kind == which and (c.dose == {"sham": 0.3, "positive": math.inf, "frozen": 16.0, "R": 0.1}[which])
+
+
+def test_a_comparison_never_mixes_numerics_versions():
+    from analysis.common import check_numerics
+    from gspo_study.errors import ConfigError
+
+    runs = study(nothing_matters, seeds=[3]).runs
+    check_numerics(runs)  # one version (every run so far): fine
+    runs[1].numerics = 2
+    with pytest.raises(ConfigError, match="mix numerics versions .numerics 1: e.g. .*; numerics 2: e.g. "):
+        check_numerics(runs)
