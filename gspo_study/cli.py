@@ -164,32 +164,59 @@ def _cmd_import_study(args) -> None:
 
 def _cmd_rollout_server(args) -> None:
     """A server of a `vllm_server` pool on this machine, serving the config's cold start (or --checkpoint) as the
-    trainer expects it: the command line of `vllm_server.server_argv`, run (or printed)."""
+    trainer expects it: the command line of `vllm_server.server_argv`, run (or printed). On loopback by default; on
+    another address only with the pool's key, vLLM then on loopback behind `pool_key.AuthFront` on that address."""
     import os
 
     from gspo_study.moe.modes import REPLAY_MODES
-    from gspo_study.rollout.vllm_server import is_cpu_build, server_argv, server_env, write_model_dir
+    from gspo_study.rollout.pool_key import KEY_ENV, AuthFront, is_loopback, pool_key
+    from gspo_study.rollout.vllm_server import (
+        ServerProcess,
+        _free_port,
+        is_cpu_build,
+        server_argv,
+        server_env,
+        write_model_dir,
+    )
     from gspo_study.runtime import load_policy
 
     cfg = load_config(*_files_and_overrides(args.config))
     source = args.checkpoint or cfg.init_checkpoint
     if not source:
         raise ConfigError("rollout-server needs the weights to serve: --checkpoint DIR or init_checkpoint=DIR")
-    python = cfg.rollout.server.python or sys.executable
+    server, key, fronted = cfg.rollout.server, pool_key(cfg.rollout.server), not is_loopback(args.host)
+    if fronted and not key:
+        raise ConfigError(
+            f"--host {args.host} puts the server on a network, where anyone who reaches it could swap the policy "
+            f"(its dev-mode /collective_rpc); allowed: --host 127.0.0.1, or the pool's key in ${KEY_ENV} or "
+            "rollout.server.key_file"
+        )
+    python = server.python or sys.executable
     routing, cpu = REPLAY_MODES[cfg.algo.routing_replay].records_rollout, is_cpu_build(python)
-    model_dir, server = Path(args.model_dir), cfg.rollout.server
-    argv = server_argv(python, str(model_dir), args.port, cfg.rollout.dtype, server, cpu, routing, args.host)
-    env = server_env(server, cpu)
-    if args.print:  # a line a shell runs as it is: the environment first
-        print(" ".join([*(f"{k}={v}" for k, v in env.items()), *argv]))
+    model_dir = Path(args.model_dir)
+    inner = _free_port() if fronted else args.port  # behind the front, vLLM listens on loopback only
+    argv = server_argv(python, str(model_dir), inner, cfg.rollout.dtype, server, cpu, routing, "127.0.0.1")
+    env = server_env(server, cpu, key)
+    if args.print:  # a line a shell runs as it is: the environment first, the key by name only
+        shown = [f"{k}=${KEY_ENV}" if k == "VLLM_API_KEY" else f"{k}={v}" for k, v in env.items()]
+        print(" ".join([*shown, *argv]))
+        if fronted:
+            print(f"# and this command's authenticating front on {args.host}:{args.port} -> 127.0.0.1:{inner}")
         return
     model, _ = load_policy(cfg, source)
     write_model_dir(model.named_parameters(), model.config, model_dir)
-    os.execve(
-        argv[0] if os.path.isabs(argv[0]) else sys.executable,
-        argv,
-        {**os.environ, **env},
-    )
+    if not fronted:
+        os.execve(argv[0] if os.path.isabs(argv[0]) else sys.executable, argv, {**os.environ, **env})
+    process = ServerProcess(argv, model_dir.parent / "rollout-server.log", {**os.environ, **env})
+    try:
+        process.wait_ready(f"http://127.0.0.1:{inner}", server.start_timeout_s)
+        print(
+            f"rollout server ready on {args.host}:{args.port} (vLLM on 127.0.0.1:{inner}, log {process.log_path})",
+            flush=True,
+        )
+        AuthFront(args.host, args.port, ("127.0.0.1", inner), key).serve()
+    finally:
+        process.stop()
 
 
 def _cmd_mlflow_urls(args) -> None:
@@ -256,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("config", nargs="+", help="the run's experiment YAML file(s) and key.sub=value overrides")
     v.add_argument("--checkpoint", help="weights to serve first (default: the config's init_checkpoint)")
     v.add_argument("--model-dir", required=True, help="where to write them for vLLM (storage of this machine)")
-    v.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (another than loopback: needs the key)")
     v.add_argument("--port", type=int, default=8000, help="port to listen on")
     v.add_argument("--print", action="store_true", help="print the vLLM command line instead of running it")
     v.set_defaults(fn=_cmd_rollout_server)

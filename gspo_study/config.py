@@ -259,6 +259,9 @@ class ServerConfig:
     """Requests in flight at once (one per row)."""
     args: list[str] = field(default_factory=list)
     """More `vllm serve` arguments, e.g. [--max-model-len, "4096"]."""
+    key_file: str = ""
+    """A file holding the pool's shared key ("": $GSPO_STUDY_POOL_KEY, or none): the servers answer only requests
+    that carry it (gspo_study.rollout.pool_key). The key itself is never a config value (configs are logged)."""
 
 
 @dataclass

@@ -191,18 +191,27 @@ def _hf_diff(model, batch) -> dict:
     return {"mean": diff.mean().item(), "max": diff.max().item(), "tokens": int(diff.numel())}
 
 
+POOL_KEY = "test-pool-key-" + "7" * 32  # the pool's shared key for this file's real server (and every engine here)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """One real server started by the engine (vLLM's CPU build), the model it serves, and a run of checks."""
+    """One real server started by the engine (vLLM's CPU build) with the pool's key, the model it serves, and a run
+    of checks; every engine of the file's tests sends the key (from the environment, as a pool's clients do)."""
+    from gspo_study.rollout.pool_key import KEY_ENV
+
     python = _real_engine_env()
     torch.manual_seed(0)
     model = smoke(head_dim=32, moe_intermediate_size=32)
     root = tmp_path_factory.mktemp("vllm-server")
+    keyed = pytest.MonkeyPatch()
+    keyed.setenv(KEY_ENV, POOL_KEY)
     engine = VLLMServerEngine(model, TOK, "float32", ServerConfig(python=str(python)), root / "weights")
     try:
         yield SimpleNamespace(engine=engine, model=model, root=root)
     finally:
         engine.close()
+        keyed.undo()
 
 
 def _rollout(engine, seed=1):
@@ -310,6 +319,10 @@ def test_real_server_run_trains_logs_and_resumes_after_a_kill(vllm_coldstart, se
     assert not (
         resolve_run(cfg).dir / "server-weights"
     ).exists()  # the finished run stopped its server, removed its pushes
+    from mlflow.tracking import MlflowClient
+
+    stored = MlflowClient(cfg.tracking.uri).get_run(_run_id(cfg))
+    assert POOL_KEY not in json.dumps({**stored.data.params, **stored.data.tags})  # the key was in every request
 
 
 def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp_path, monkeypatch):
@@ -323,7 +336,9 @@ def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp
     model = smoke()
     state = {k: v + 1.0 for k, v in model.state_dict().items()}  # not the model's own values
     calls = []
-    monkeypatch.setattr(vllm_server, "post_json", lambda url, body=None, timeout=0: calls.append((url, body)) or {})
+    monkeypatch.setattr(
+        vllm_server, "post_json", lambda url, body=None, timeout=0, key=None: calls.append((url, body)) or {}
+    )
 
     @contextlib.contextmanager
     def gather():
@@ -349,7 +364,7 @@ def test_a_zero3_push_writes_the_layerwise_full_state_not_the_gathered_model(tmp
     assert torch.equal(dict(read_weights(tmp_path / "push-000002"))["model.norm.weight"], model.model.norm.weight)
 
 
-def test_rollout_server_command_for_a_pool_on_other_machines(capsys):
+def test_rollout_server_command_for_a_pool_on_other_machines(capsys, monkeypatch):
     """`python -m gspo_study rollout-server ... --print`: the vLLM command line a pool's server needs (what the
     trainer's requests and weight pushes expect), from the run's own config; no weights: a one-line error."""
     from gspo_study.cli import main
@@ -363,11 +378,27 @@ def test_rollout_server_command_for_a_pool_on_other_machines(capsys):
     argv = capsys.readouterr().out.split()
     assert argv[0] == "VLLM_SERVER_DEV_MODE=1"  # the weight push's endpoint: the printed line runs as it is
     flags = dict(zip(argv, argv[1:]))
-    assert flags["--host"] == "0.0.0.0" and flags["--port"] == "8011" and flags["--tensor-parallel-size"] == "2"
+    assert flags["--host"] == "127.0.0.1" and flags["--port"] == "8011" and flags["--tensor-parallel-size"] == "2"
     assert flags["--worker-extension-cls"] == EXTENSION and flags["--model"] == "/data/policy"
     assert main(["rollout-server", SMOKE_BASE, "--model-dir", "/d", "--print"]) == 2
     err = capsys.readouterr().err
     assert "needs the weights to serve" in err and err.count("\n") == 1
+    # on a network: refused without the pool's key; with it, vLLM stays on loopback behind this command's front,
+    # and the printed line names the key's variable, never the key
+    public = [*over, "--model-dir", "/data/policy", "--host", "0.0.0.0", "--port", "8011", "--print"]
+    monkeypatch.delenv("GSPO_STUDY_POOL_KEY", raising=False)  # (the real server's fixture may have set it)
+    assert main(["rollout-server", SMOKE_BASE, *public]) == 2
+    err = capsys.readouterr().err
+    assert "--host 0.0.0.0 puts the server on a network" in err and err.count("\n") == 1
+    key = "k" * 40
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GSPO_STUDY_POOL_KEY", key)
+        assert main(["rollout-server", SMOKE_BASE, *public]) == 0
+    out = capsys.readouterr().out
+    line, front = out.splitlines()
+    flags = dict(zip(line.split(), line.split()[1:]))
+    assert flags["--host"] == "127.0.0.1" and flags["--port"] != "8011" and key not in out
+    assert "VLLM_API_KEY=$GSPO_STUDY_POOL_KEY" in line and "front on 0.0.0.0:8011" in front
 
 
 @pytest.mark.slow
@@ -435,6 +466,43 @@ def test_r3_against_the_cpu_build_is_refused_in_one_line_before_anything_is_writ
 
 
 @pytest.mark.slow
+def test_real_server_answers_only_to_the_key_and_the_front_guards_what_vllm_does_not(served, tmp_path, capsys):
+    """vLLM's own key (VLLM_API_KEY, from the pool's key) refuses an unkeyed completion, but not its dev-mode
+    /collective_rpc, where anyone could reach the workers. Behind `AuthFront` both need the key: a push and a
+    completion without it are refused, with it they work. The key is in no log or file the run writes."""
+    from gspo_study.rollout.pool_key import AuthFront
+    from gspo_study.rollout.vllm_server import RELOAD_METHOD, post_json
+
+    _rollout(served.engine)  # the module's server, started (with the key) if no test before this one did
+    url = served.engine.urls[0]
+    body = {"model": "policy", "prompt": [1, 2, 3], "max_tokens": 2}
+    with pytest.raises(ConfigError, match="HTTP 401"):
+        post_json(f"{url}/v1/completions", body)
+    assert post_json(f"{url}/v1/completions", body, key=POOL_KEY)["choices"]
+    with pytest.raises(RuntimeError, match="HTTP 500") as reached:  # no 401: the unkeyed call reached a worker
+        post_json(f"{url}/collective_rpc", {"method": RELOAD_METHOD, "args": ["/nowhere"]})
+    assert not isinstance(reached.value, ConfigError)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    front = AuthFront("127.0.0.1", 0, (host, int(port)), POOL_KEY).start()
+    fronted = "http://{}:{}".format(*front.address)
+    try:
+        with pytest.raises(ConfigError, match="HTTP 401"):
+            post_json(f"{fronted}/collective_rpc", {"method": RELOAD_METHOD, "args": ["/nowhere"]})
+        with pytest.raises(ConfigError, match="HTTP 401"):
+            post_json(f"{fronted}/v1/completions", body)
+        other_model = smoke(head_dim=32, moe_intermediate_size=32)
+        other = VLLMServerEngine(other_model, TOK, "float32", ServerConfig(urls=[fronted]), tmp_path / "w")
+        batch = other.generate(PROMPTS, 10, TEMPERATURE, torch.Generator().manual_seed(5))  # a push, then samples
+        assert other.last_push["workers"] and _hf_diff(other_model, batch)["mean"] < 1e-6
+        other.close()
+        assert front.refused == 2 and POOL_KEY not in capsys.readouterr().err
+    finally:
+        front.close()
+    for name in ("server.log", "server.json"):
+        assert POOL_KEY not in (served.engine.weight_dir / name).read_text(errors="replace"), name
+
+
+@pytest.mark.slow
 def test_real_server_reached_by_address_and_stopped_as_a_group(served, tmp_path):
     """A second engine given the first one's server as `rollout.server.urls` (an external pool): it pushes its
     own weights there and leaves the server running at close; the engine that started it stops its group.
@@ -449,3 +517,81 @@ def test_real_server_reached_by_address_and_stopped_as_a_group(served, tmp_path)
     assert group_alive(pgid)
     served.engine.close()
     assert not group_alive(pgid) and not served.engine.weight_dir.exists()
+
+
+# ---------------------------------------------------------------------------- the pool's key (no vLLM needed)
+def test_the_pools_key_comes_from_the_environment_or_a_file_never_a_config_value(tmp_path, monkeypatch):
+    from gspo_study.rollout.pool_key import KEY_ENV, pool_key
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    assert pool_key(ServerConfig()) is None
+    kf = tmp_path / "key"
+    kf.write_text("f" * 32 + "\n")
+    assert pool_key(ServerConfig(key_file=str(kf))) == "f" * 32
+    monkeypatch.setenv(KEY_ENV, "e" * 32)
+    assert pool_key(ServerConfig(key_file=str(kf))) == "e" * 32  # the environment first
+    monkeypatch.setenv(KEY_ENV, "short")
+    with pytest.raises(ConfigError, match="is 5 characters; allowed: at least 16"):
+        pool_key(ServerConfig())
+    monkeypatch.delenv(KEY_ENV)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        pool_key(ServerConfig(key_file=str(tmp_path / "missing")))
+
+
+def test_the_authenticating_front_forwards_only_requests_that_carry_the_key(capsys):
+    """A stand-in server behind the front: without the key (or with a wrong one) every route but /health is refused
+    with 401 and one stderr line that names the route, never the key; with it the request and its answer pass."""
+    import http.server
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from gspo_study.rollout.pool_key import AuthFront
+    from gspo_study.rollout.vllm_server import post_json
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            out = json.dumps({"path": self.path, "got": json.loads(body or b"{}")}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_POST
+
+        def log_message(self, *a):
+            pass
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    key = "s" * 48
+    front = AuthFront("127.0.0.1", 0, upstream.server_address[:2], key).start()
+    url = "http://{}:{}".format(*front.address)
+    try:
+        for route in ("/v1/completions", "/collective_rpc", "/reset_prefix_cache"):
+            with pytest.raises(ConfigError, match="HTTP 401"):
+                post_json(url + route, {"method": "reload_weights"})
+            with pytest.raises(ConfigError, match="HTTP 401"):
+                post_json(url + route, {}, key="w" * 48)
+            assert post_json(url + route, {"a": 1}, key=key) == {"path": route, "got": {"a": 1}}
+        with urllib.request.urlopen(url + "/health", timeout=5) as answer:  # liveness stays open
+            assert answer.status == 200
+        assert front.refused == 6
+        err = capsys.readouterr().err
+        assert err.count("rollout pool: refused POST /collective_rpc from 127.0.0.1") == 2 and key not in err
+    finally:
+        front.close()
+        upstream.shutdown()
+
+
+def _run_id(cfg) -> str:
+    from mlflow.tracking import MlflowClient
+
+    from gspo_study.run import run_key
+
+    client = MlflowClient(cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    (run,) = client.search_runs([exp.experiment_id], f"tags.run_key = '{run_key(cfg)}'")
+    return run.info.run_id

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from gspo_study.config import ConfigError
+from gspo_study.rollout.pool_key import auth_header, pool_key
 from gspo_study.rollout.vllm_engine import (
     CPU_KV_CACHE_BYTES,
     ROUTING_NOT_ON_CPU,
@@ -104,9 +105,11 @@ def server_argv(
     return argv + list(server.args)
 
 
-def server_env(server, cpu: bool) -> dict[str, str]:
-    """What `server_argv`'s process needs in its environment besides the caller's."""
-    return {**SERVER_ENV, **(CPU_ONE_PROCESS_ENV if _one_process(server, cpu) else {})}
+def server_env(server, cpu: bool, key: str | None = None) -> dict[str, str]:
+    """What `server_argv`'s process needs in its environment besides the caller's; with the pool's `key`, vLLM's own
+    key on its /v1 routes (in the environment, never on the command line, which `ps` shows)."""
+    keyed = {"VLLM_API_KEY": key} if key else {}
+    return {**SERVER_ENV, **(CPU_ONE_PROCESS_ENV if _one_process(server, cpu) else {}), **keyed}
 
 
 def _one_process(server, cpu: bool) -> bool:
@@ -221,14 +224,20 @@ def write_model_dir(named_params, config, directory: str | Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------- HTTP
-def post_json(url: str, body: dict | None = None, timeout: float = 600.0) -> dict:
+def post_json(url: str, body: dict | None = None, timeout: float = 600.0, key: str | None = None) -> dict:
+    """POST `body` as JSON, carrying the pool's `key` (gspo_study.rollout.pool_key) when there is one."""
     data = json.dumps(body or {}).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **auth_header(key)})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             text = answer.read().decode() or "{}"
     except urllib.error.HTTPError as err:
         detail = err.read().decode(errors="replace")[:500]
+        if err.code == 401:
+            raise ConfigError(
+                f"rollout server {url} refused the request (HTTP 401): it needs the pool's key; allowed: "
+                "the servers' key in $GSPO_STUDY_POOL_KEY or rollout.server.key_file"
+            ) from None
         raise RuntimeError(f"rollout server {url} answered HTTP {err.code}: {detail}") from None
     except urllib.error.URLError as err:
         raise RuntimeError(f"rollout server {url} is not answering ({err.reason}); is it running?") from None
@@ -366,6 +375,7 @@ class VLLMServerEngine(VLLMRollout):
         self.model, self.tokenizer, self.dtype, self.server = model, tokenizer, dtype, server
         self.weight_dir = Path(server.weight_dir or weight_dir).resolve()
         self.urls: list[str] = [u.rstrip("/") for u in server.urls]
+        self.key = pool_key(server)  # the pool's shared key, or None (never logged, never in a config)
         self.process: ServerProcess | None = None
         self.routing = False
         self._gather = contextlib.nullcontext
@@ -426,7 +436,7 @@ class VLLMServerEngine(VLLMRollout):
         argv = server_argv(python, str(model_dir), port, self.dtype, self.server, cpu, routing)
         t0 = time.perf_counter()
         write_model_dir(weights, self.model.config, model_dir)
-        env = {**os.environ, **server_env(self.server, cpu)}
+        env = {**os.environ, **server_env(self.server, cpu, self.key)}
         self.process = ServerProcess(argv, self.weight_dir / "server.log", env)
         (self.weight_dir / "server.json").write_text(
             json.dumps({"pid": self.process.proc.pid, "pgid": self.process.pgid, "port": port, "argv": argv})
@@ -472,14 +482,16 @@ class VLLMServerEngine(VLLMRollout):
         results = []
         for url in self.urls:
             try:
-                answer = post_json(f"{url}/collective_rpc", {"method": RELOAD_METHOD, "args": [str(target)]})
-            except RuntimeError as err:
+                answer = post_json(
+                    f"{url}/collective_rpc", {"method": RELOAD_METHOD, "args": [str(target)]}, key=self.key
+                )
+            except RuntimeError as err:  # (a refusal for want of the key is a ConfigError of its own)
                 raise ConfigError(
                     f"rollout server {url} cannot reload weights ({err}); serve it with VLLM_SERVER_DEV_MODE=1 "
                     f"and --worker-extension-cls {EXTENSION}"
                 ) from None
             results.extend(answer.get("results") or [])
-            post_json(f"{url}/reset_prefix_cache")  # cached KV blocks belong to the old weights
+            post_json(f"{url}/reset_prefix_cache", key=self.key)  # cached KV blocks belong to the old weights
         self.last_push = {"workers": results, "write_s": t1 - t0, "reload_s": time.perf_counter() - t1}
         for old in self.weight_dir.glob("push-*"):
             if old != target:
@@ -508,6 +520,7 @@ class VLLMServerEngine(VLLMRollout):
         urls = [self.urls[i % len(self.urls)] for i in range(len(bodies))]
         workers = max(1, min(len(bodies), self.server.max_concurrency))
         with ThreadPoolExecutor(workers) as pool:
-            answers = list(pool.map(lambda ub: post_json(f"{ub[0]}/v1/completions", ub[1]), zip(urls, bodies)))
+            ask = lambda ub: post_json(f"{ub[0]}/v1/completions", ub[1], key=self.key)  # noqa: E731
+            answers = list(pool.map(ask, zip(urls, bodies)))
         parsed = [parse_completion(a, eos) for a in answers]
         return [p[0] for p in parsed], [(None, p[1]) for p in parsed]
