@@ -81,8 +81,12 @@ OVERRIDES ?=
 coldstart: install
 	$(PY) -m gspo_study eval --scale $(SCALE) $(OVERRIDES)
 
-# make reproduce-figure-N [SCALE=smoke|cpu|gpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2]
+# make reproduce-figure-N [SCALE=smoke|cpu|gpu|paper] [SEEDS=1,2,3] [X=compute|steps] [JOBS=2] [RETRAIN=1]
+# Where the scale ships its runs (results/<scale>/study-runs.parquet), the figure's own are loaded into the store
+# first (only those: about a minute), so the sweep finds them finished and the figure is redrawn from them;
+# RETRAIN=1 trains every run instead (use a fresh results_dir or store: a loaded run counts as finished).
 reproduce-figure-%: install
+	$(if $(RETRAIN),,$(PY) -m gspo_study import-study --scale $(SCALE) --figures $* --if-present $(OVERRIDES))
 	$(PY) -m gspo_study sweep --figure $* --scale $(SCALE) --jobs $(JOBS) $(SEEDS_ARG) $(OVERRIDES)
 	$(PY) -m analysis.figures --figure $* --scale $(SCALE) $(SEEDS_ARG) --x $(X) $(OVERRIDES)
 
@@ -139,7 +143,7 @@ export-study: install
 	$(PY) -m gspo_study export-study --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURES),--figures $(FIGURES)) $(if $(PARTIAL),--partial) $(OVERRIDES)
 
 import-study: install
-	$(PY) -m gspo_study import-study --scale $(SCALE) $(OVERRIDES)
+	$(PY) -m gspo_study import-study --scale $(SCALE) $(if $(FIGURES),--figures $(FIGURES)) $(OVERRIDES)
 
 clean:
 	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache .ruff_cache

@@ -107,10 +107,12 @@ def export_study(
     figures: list[int] | None = None,
     out: Path | None = None,
     partial: bool = False,
+    add: bool = False,
 ) -> tuple[Path, int, list[str]]:
     """Write the scale's runs to `out` (default `archive_path`); every one must have finished, or with `partial`
-    the finished ones are written (a partly trained sweep, shipped as such). Returns (path, number of runs
-    written, the runs left out)."""
+    the finished ones are written (a partly trained sweep, shipped as such). With `add`, the archive already at `out`
+    keeps every run these do not replace (a stage trained in another store, added to the shipped study). Returns
+    (path, number of runs written, the runs left out)."""
     from gspo_study.train.sizes import check_export
 
     cache: dict = {}
@@ -131,6 +133,9 @@ def export_study(
             f"train them first (make reproduce-figure-N SCALE={scale}), or ship the finished ones (--partial)"
         )
     path = Path(out) if out else archive_path(scale, overrides)
+    if add and path.is_file():
+        mine = {dict(r["tags"])["run_key"] for r in rows}
+        rows += [r for r in read_archive(path) if r["tags"].get("run_key") not in mine]
     write_archive(rows, path)
     return path, len(rows), missing
 
@@ -203,9 +208,15 @@ class Imported:
     kept: int = 0  # another run with the same run_key was there (trained here): left as it is
 
 
-def import_study(scale: str, overrides: tuple[str, ...] = (), path: Path | None = None) -> tuple[Imported, str]:
-    """Load an archive (default `archive_path`) into the config's store; returns (counts, store URI)."""
+def import_study(
+    scale: str, overrides: tuple[str, ...] = (), path: Path | None = None, figures: list[int] | None = None
+) -> tuple[Imported, str]:
+    """Load an archive (default `archive_path`) into the config's store, or with `figures` only the runs those
+    figures draw (at their own seeds: what `make reproduce-figure-N` needs to redraw N); returns (counts, store URI)."""
     rows = read_archive(Path(path) if path else archive_path(scale, overrides))
+    if figures is not None:
+        wanted = {run_key(cfg) for _, cfg in study_configs(scale, None, overrides, figures)}
+        rows = [r for r in rows if r["tags"].get("run_key") in wanted]
     cfg = _base(scale, overrides)
     uri = tracking_uri(cfg)
     client, exp_id = _connect(uri, cfg.tracking.experiment)

@@ -144,7 +144,7 @@ def _cmd_export_study(args) -> None:
 
     figures = [int(f) for f in args.figures.split(",")] if args.figures else None
     seeds = parse_seeds(args.seeds, args.scale) if args.seeds else None  # None: each figure's own
-    path, n, missing = export_study(args.scale, seeds, tuple(args.overrides), figures, args.out, args.partial)
+    path, n, missing = export_study(args.scale, seeds, tuple(args.overrides), figures, args.out, args.partial, args.add)
     size = path.stat().st_size / 1e6
     left = f"; {len(missing)} not finished, left out (first: {missing[0]})" if missing else ""
     shown = f"seeds {seeds}" if seeds else "each figure's seeds"
@@ -154,7 +154,12 @@ def _cmd_export_study(args) -> None:
 def _cmd_import_study(args) -> None:
     from gspo_study.archive import archive_path, import_study
 
-    done, uri = import_study(args.scale, tuple(args.overrides), args.file)
+    figures = [int(f) for f in args.figures.split(",")] if args.figures else None
+    path = Path(args.file) if args.file else archive_path(args.scale, tuple(args.overrides))
+    if args.if_present and not path.is_file():
+        print(f"{path}: no shipped study; nothing to load")
+        return
+    done, uri = import_study(args.scale, tuple(args.overrides), args.file, figures)
     print(
         f"{args.file or archive_path(args.scale, tuple(args.overrides))} → {uri}: {done.added} runs added, "
         f"{done.present} already there"
@@ -268,11 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--figures", help="e.g. 1,3 (default: every figure of experiments/figures.yaml)")
     x.add_argument("--out", help="file to write (default: results/<scale>/study-runs.parquet)")
     x.add_argument("--partial", action="store_true", help="write the finished runs, leave out the others")
+    x.add_argument(
+        "--add", action="store_true", help="keep the runs the archive already holds that these do not replace"
+    )
     x.add_argument("overrides", nargs="*", help="key.sub=value overrides (as for the sweep)")
     x.set_defaults(fn=_cmd_export_study)
     m = sub.add_parser("import-study", help="load an exported study into the MLflow store (idempotent)")
     m.add_argument("--scale", default="cpu", help="smoke | cpu | paper")
     m.add_argument("--file", help="archive to load (default: results/<scale>/study-runs.parquet)")
+    m.add_argument("--figures", help="only the runs these figures draw, e.g. 1,13 (default: every run)")
+    m.add_argument("--if-present", action="store_true", help="no archive at that path: nothing to load, not an error")
     m.add_argument("overrides", nargs="*", help="key.sub=value overrides (tracking.uri=..., results_dir=...)")
     m.set_defaults(fn=_cmd_import_study)
     u = sub.add_parser("mlflow-urls", help="MLflow UI pages of the study experiments in a store")

@@ -212,3 +212,14 @@ def test_interrupted_import_is_finished_and_bad_archives_are_one_line(shipped, t
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "3 finished runs" in out[0] and "3 not finished, left out" in out[0], out
     assert sorted(r["run_id"] for r in read_archive(part)) == sorted(r["run_id"] for r in read_archive(archive))
+
+
+def test_a_figures_own_runs_load_alone(shipped, tmp_path, capsys):
+    """`import-study --figures 1` (what `make reproduce-figure-1` runs first): only the runs figure 1 draws; with
+    `--if-present` and no archive, nothing to load and no error."""
+    _, archive = shipped
+    fresh = tmp_path / "one"
+    done, _ = import_study("smoke", store(fresh), archive, figures=[1])
+    assert (done.added, done.present) == (2, 0) and len(runs_of(fresh)) == 2  # gspo and grpo_r2, not grpo
+    missing = ["import-study", "--scale", "smoke", "--figures", "1", "--if-present", *store(tmp_path / "none")]
+    assert main(missing) == 0 and "no shipped study; nothing to load" in capsys.readouterr().out

