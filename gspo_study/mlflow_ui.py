@@ -45,19 +45,19 @@ def figure_filter(figure: int) -> str:
 
 def tag_figures(client, exp_id: str, scale: str) -> list[int]:
     """Tag every training run of the experiment with the figures of `scale` that use it (`figures` = `,1,3,`),
-    matched by run name (`tracking.run_name`: run file, seed and what sets the run apart, so a store trained with
-    its own cold start or results dir matches too); returns the figures that have a run here."""
-    from gspo_study.run import run_name
+    matched by run identity (its `run_key` tag: what a figure's config computes, whatever the run's name says — two
+    figures' cells sharing a base name, `grpo-nr-s3`, are told apart); returns the figures that have a run here."""
+    from gspo_study.run import run_key
     from gspo_study.study import figure_configs, figures, parse_seeds
 
     uses: dict[str, set[int]] = {}
     for name in figures():
         n = int(name.removeprefix("figure-"))
         for _, cfg in figure_configs(n, scale, parse_seeds(None, scale, n)):
-            uses.setdefault(run_name(cfg), set()).add(n)
+            uses.setdefault(run_key(cfg), set()).add(n)
     found = set()
     for run in client.search_runs([exp_id], TRAINING_RUNS, max_results=50_000):
-        mine = sorted(uses.get(run.info.run_name, ()))
+        mine = sorted(uses.get(run.data.tags.get("run_key", ""), ()))
         found.update(mine)
         value = "," + ",".join(map(str, mine)) + ","
         if mine and run.data.tags.get("figures") != value:

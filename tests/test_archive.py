@@ -223,3 +223,26 @@ def test_a_figures_own_runs_load_alone(shipped, tmp_path, capsys):
     assert (done.added, done.present) == (2, 0) and len(runs_of(fresh)) == 2  # gspo and grpo_r2, not grpo
     missing = ["import-study", "--scale", "smoke", "--figures", "1", "--if-present", *store(tmp_path / "none")]
     assert main(missing) == 0 and "no shipped study; nothing to load" in capsys.readouterr().out
+
+
+def test_figure_pages_list_exactly_their_runs_matched_by_run_key(tmp_path):
+    """Two shipped runs of one base name (`gspo-nr-s3`): figure 1's 16-layer run and the frontier's 4-layer base run.
+    Tagged by run identity, each lists under its own figures only (by name, both matched every figure of that name)."""
+    from gspo_study.archive import archive_path
+    from gspo_study.mlflow_ui import tag_figures
+    from gspo_study.run import run_key
+    from gspo_study.study import figure_configs
+
+    keys = {f: run_key(next(c for n, c in figure_configs(f, "cpu", [3]) if n == "gspo")) for f in (1, 17)}
+    rows = [r for r in read_archive(archive_path("cpu")) if r["tags"]["run_key"] in keys.values()]
+    assert len(rows) == 2 and {r["run_name"].split()[0] for r in rows} == {"gspo-nr-s3"}
+    small = tmp_path / "two.parquet"
+    write_archive(rows, small)
+    over = (f"results_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
+    import_study("cpu", over, small)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("study-cpu")
+    assert set(tag_figures(client, exp.experiment_id, "cpu")) >= {1, 15, 17}
+    tagged = {r.data.tags["run_key"]: r.data.tags["figures"] for r in client.search_runs([exp.experiment_id])}
+    assert ",1," in tagged[keys[1]] and not {",15,", ",17,"} & {f",{n}," for n in tagged[keys[1]].split(",")}
+    assert ",15," in tagged[keys[17]] and ",17," in tagged[keys[17]] and ",1," not in tagged[keys[17]]
