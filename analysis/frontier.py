@@ -310,8 +310,9 @@ def calibration_rows(table: pd.DataFrame, axis: str, spec: tuple) -> tuple[pd.Da
     rows, refs, panel = [], [], ""
     dial, measure, ylabel, paper = spec
     dials = [(dial, "rollout copy's router logits" if axis == "M" else "router lr scale")]
-    if measure == "k3":
-        dials.append((CONTROL_DIAL, "control: LM-head logits"))
+    control = _control_k3(table, panel) if measure == "k3" else None  # the control's own dial is another quantity:
+    if control is not None:  # its matched k3 is a line here, not a curve on this panel's x-axis
+        refs.append(control)
     for name, what in dials:
         t = table[(table.dial == name) & (table.measure == measure)].copy()
         t["x"] = pd.to_numeric(t.dose, errors="coerce")
@@ -324,6 +325,30 @@ def calibration_rows(table: pd.DataFrame, axis: str, spec: tuple) -> tuple[pd.Da
                               f"calibration/{measure}", panel))  # fmt: skip
     frame = pd.concat([pd.DataFrame(rows, columns=COLUMNS), *refs], ignore_index=True)
     return frame, ylabel, paper
+
+
+def _control_k3(table: pd.DataFrame, panel: str) -> pd.DataFrame | None:
+    """The control's k3 at the plan's dose (LM-head noise, matched to axis M's top dose), as a reference line."""
+    from analysis.common import COLUMNS, csv_row
+
+    dose = load_plan()["control"]["dose"]
+    t = table[(table.dial == CONTROL_DIAL) & (table.measure == "k3")]
+    t = t[np.isclose(pd.to_numeric(t.dose, errors="coerce"), float(dose))]
+    if t.empty:
+        return None
+    line = csv_row(panel=panel, kind="reference", series=f"control (LM-head σ {dose:g}): k3", run="",
+                   metric="calibration/k3", x_name="", mean=float(t["mean"].iloc[0]), n_seeds=0)  # fmt: skip
+    return pd.DataFrame([line], columns=COLUMNS)
+
+
+PILOT_N = 3  # below this many seeds a cell is drawn as its mean alone, marked a pilot's: a t-interval of 2 seeds
+# spans most of [0, 1] and says nothing (two-seed cells once drew intervals from −0.02 to 1.56)
+
+
+def pilot_note(runs) -> str:
+    """A panel's title note where some cell has fewer than PILOT_N seeds (drawn as its mean alone)."""
+    few = sorted({int(n) for n in runs if n < PILOT_N})
+    return f" — pilot, n = {', '.join(map(str, few))}: means, no interval" if few else ""
 
 
 def dose_rows(summ: pd.DataFrame, axis: str, panel: str, value: str, log: bool = False) -> pd.DataFrame:
@@ -339,6 +364,8 @@ def dose_rows(summ: pd.DataFrame, axis: str, panel: str, value: str, log: bool =
     for r in t.itertuples():
         x = dodge(r.dose, arms.index(r.arm), len(arms), log)
         lo, hi = (max(getattr(r, cols[1]), 0.0), min(getattr(r, cols[2]), 1.0))  # both lie in [0, 1]
+        if value == "pass" and r.runs < PILOT_N:
+            lo = hi = math.nan
         rows.append(_row(panel, "point", label(r.arm), r.arm, cols[3], "dose", x, getattr(r, cols[0]), lo, hi,
                          int(r.runs), step=r.dose))  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -353,6 +380,15 @@ def dodge(dose: float, i: int, n: int, log: bool, top: float = 0.3) -> float:
     return dose * (1 + DODGE) ** k if log else dose + k * DODGE * top / 10
 
 
+SURVIVAL_OFFSET = 0.015  # drawn offset between arms' Kaplan–Meier curves (the CSV's rows carry the offset too)
+
+
+def any_collapsed(out: pd.DataFrame, axis: str, doses: list[float]) -> bool:
+    """Whether a Kaplan–Meier panel would show anything: some run at these doses collapsed."""
+    g = out[(out.axis == axis) & out.dose.isin(doses)]
+    return bool(g.collapsed.any())
+
+
 def survival_rows(out: pd.DataFrame, axis: str, doses: list[float], panel: str) -> pd.DataFrame:
     """Panel (d): per arm, the Kaplan–Meier share of runs not yet collapsed against the step, at each dose (with
     several, each dose is its own metric, `frontier/survival, dose D`, so it gets its own line style)."""
@@ -362,11 +398,12 @@ def survival_rows(out: pd.DataFrame, axis: str, doses: list[float], panel: str) 
     for d in doses:
         metric = "frontier/survival" if len(doses) == 1 else f"frontier/survival, dose {d:g}"
         g = out[(out.axis == axis) & np.isclose(out.dose, d)]
-        for arm, a in g.groupby("arm", sort=False):
+        for i, (arm, a) in enumerate(g.groupby("arm", sort=False)):
             xs, ys = kaplan_meier(a.collapse_step, a.collapsed)
             end = float(a.collapse_step.max())
             xs, ys = np.append(xs, end), np.append(ys, ys[-1])  # the curve runs to the last censored step
             xs, ys = np.repeat(xs, 2)[1:], np.repeat(ys, 2)[:-1]  # drawn as a step function: flat, then a drop
+            ys = ys - SURVIVAL_OFFSET * i  # arms whose curves coincide stay visible, each a hair below the last
             for x, y in zip(xs, ys):
                 rows.append(_row(panel, "curve", label(arm), arm, metric, "step", x, y, n=len(a), step=x))
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -391,22 +428,27 @@ def panels(study: Study, figure: int, plan: dict | None = None, calibration: Pat
         result.append(Panel(rows, f"({p}) calibration on the cold start (± s.e.)", ylabel, x, logy=True, logx=True))
         result[-1].rows["panel"] = p
     p = next(letters)
-    result.append(Panel(dose_rows(summ, axis, p, "pass", logx), f"({p}) final held-out pass@1 (arms side by side)",
-                        "mean pass@1 (95 % t)", x, logx=logx))  # fmt: skip
+    note = pilot_note(summ[summ.axis == axis].runs)
+    result.append(Panel(dose_rows(summ, axis, p, "pass", logx), f"({p}) final held-out pass@1 (arms side by side)"
+                        + note, "mean pass@1 (95 % t)", x, logx=logx))  # fmt: skip  # fmt: skip
     p = next(letters)
     rule = plan["collapse_rule"]["version"]
     result.append(Panel(dose_rows(summ, axis, p, "collapsed", logx), f"({p}) runs collapsed (rule version {rule})",
                         "share of runs (exact 95 %)", x, logx=logx))  # fmt: skip
     dose = decisive_dose(out, plan, axis)
-    if dose is not None:
+    if dose is not None and any_collapsed(out, axis, [dose]):  # a flat line at 1 says nothing a count does not
         p = next(letters)
-        result.append(Panel(survival_rows(out, axis, [dose], p), f"({p}) not yet collapsed, at dose {dose:g}",
-                            "share of runs (Kaplan–Meier)", "RL step"))  # fmt: skip
+        result.append(Panel(survival_rows(out, axis, [dose], p), f"({p}) not yet collapsed, at dose {dose:g} "
+                            "(arms offset)", "share of runs (Kaplan–Meier)", "RL step"))  # fmt: skip
     extra = "positive" if axis == "V" else "control"
     if (summ.axis == extra).any():
         p = next(letters)
-        what = "positive control (lr that must wreck every arm)" if extra == "positive" else "control (LM-head noise)"
-        result.append(Panel(_bars(summ, extra, p), f"({p}) {what}", "final pass@1 (95 % t)", " "))
+        if extra == "positive":  # its point is that the detector fires: the share collapsed, not a pass@1 of 0
+            title, ylabel = f"({p}) positive control (lr that must wreck every arm): runs collapsed", "share of runs"
+            result.append(Panel(_bars(summ, extra, p, "collapsed"), title, ylabel + " (exact 95 %)", " "))
+        else:
+            note = pilot_note(summ[summ.axis == extra].runs)
+            result.append(Panel(_bars(summ, extra, p), f"({p}) control (LM-head noise){note}", "final pass@1", " "))
     return result
 
 
@@ -458,12 +500,25 @@ def decisive_panels(study: Study, plan: dict | None = None) -> list:
     return result
 
 
-def _bars(summ: pd.DataFrame, axis: str, panel: str) -> pd.DataFrame:
+def _bars(summ: pd.DataFrame, axis: str, panel: str, value: str = "pass") -> pd.DataFrame:
+    """One bar per arm of a control cell: final pass@1 [95 % t, cut to [0, 1]; none below PILOT_N seeds] or the
+    share of runs collapsed [exact 95 %]."""
     from analysis.common import COLUMNS, label
 
-    t = summ[summ.axis == axis]
-    rows = [_row(panel, "bar", label(r.arm), r.arm, "eval/pass@1", " ", 0, r.pass_final, r.pass_lo, r.pass_hi,
-                 int(r.runs)) for r in t.itertuples()]  # fmt: skip
+    rows = []
+    for r in summ[summ.axis == axis].itertuples():
+        if value == "collapsed":
+            y, lo, hi, metric, name = (
+                r.collapsed / r.runs,
+                r.collapsed_lo,
+                r.collapsed_hi,
+                "frontier/collapsed",
+                label(r.arm),
+            )
+        else:
+            y, metric, name = r.pass_final, "eval/pass@1", label(r.arm)
+            lo, hi = (max(r.pass_lo, 0.0), min(r.pass_hi, 1.0)) if r.runs >= PILOT_N else (math.nan, math.nan)
+        rows.append(_row(panel, "bar", name, r.arm, metric, " ", 0, y, lo, hi, int(r.runs)))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

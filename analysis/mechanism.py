@@ -27,7 +27,17 @@ import yaml
 
 from analysis.collapse import PERSIST, collapse
 from analysis.common import PASS1, REWARD, Study, mean_ci
-from analysis.frontier import BASELINE, _plain, _row, kaplan_meier, plan_commit, reading, runs_after_plan
+from analysis.frontier import (
+    BASELINE,
+    PILOT_N,
+    _plain,
+    _row,
+    kaplan_meier,
+    pilot_note,
+    plan_commit,
+    reading,
+    runs_after_plan,
+)
 from analysis.stats import clopper_pearson, fisher_greater, paired_bootstrap
 from gspo_study.paths import EXPERIMENTS
 
@@ -532,7 +542,8 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
         ),
     ):
         p = next(letters)
-        result.append(Panel(_dose_points(r_cells, p, value, metric), f"({p}) {title}", ylabel, x))
+        note = pilot_note(r_cells.runs) if value == "pass" else ""
+        result.append(Panel(_dose_points(r_cells, p, value, metric), f"({p}) {title}{note}", ylabel, x))
     p = next(letters)
     c = comp[comp.kind == "R"]
     rows = [
@@ -618,10 +629,9 @@ def _dose_points(t: pd.DataFrame, panel: str, value: str, metric: str) -> pd.Dat
             y, lo, hi = r.pass_final, max(r.pass_lo, 0.0), min(r.pass_hi, 1.0)
         else:
             y, lo, hi = r.collapsed / r.runs, r.collapsed_lo, r.collapsed_hi
-        if r.runs < 3:
+        if r.runs < PILOT_N and value == "pass":
             lo = hi = math.nan
-        name = label(r.arm) + (f" (pilot, n = {r.runs})" if r.runs < 3 else "")
-        rows.append(_row(panel, "point", name, r.arm, metric, "σ", x, y, lo, hi, int(r.runs), step=r.dose))
+        rows.append(_row(panel, "point", label(r.arm), r.arm, metric, "σ", x, y, lo, hi, int(r.runs), step=r.dose))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

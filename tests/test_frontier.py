@@ -111,7 +111,16 @@ def test_figures_13_and_14_draw_in_range(tmp_path):
         shares = drawn[drawn.metric.isin([PASS1, "frontier/collapsed", "frontier/survival"])]
         assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
         assert (drawn.kind == "reference").sum() >= 1  # the paper's level in the calibration panel
-        assert panels[-1].title.startswith("(e) positive control" if figure == 13 else "(f) control")
+        assert ("positive control" if figure == 13 else "control (LM-head noise)") in panels[-1].title
+        if figure == 13:  # the control's point is that every run collapsed: its bars are the share collapsed (1.0),
+            # not a final pass@1 of 0 (the drawing that left panel (e) empty)
+            bars = drawn[(drawn.panel == panels[-1].rows.panel.iloc[0]) & (drawn.kind == "bar")]
+            assert set(bars.metric) == {"frontier/collapsed"} and (bars.line == 1.0).all()
+        else:  # nothing collapsed on axis M: no Kaplan–Meier panel of flat lines; and one dial per x-axis
+            assert not any("not yet collapsed" in p.title for p in panels)
+            assert not any("control: LM-head" in str(s) for s in drawn.series)
+        two = drawn[(drawn.metric == PASS1) & drawn.kind.isin(["point", "bar"])]
+        assert two.band_lower.isna().all() and two.band_upper.isna().all()  # 2 seeds: means, no t-interval
 
 
 def test_the_report_section_checks_the_plan_commit():
@@ -215,6 +224,11 @@ def test_figure_16_the_refinement_follows_its_plan_entry_and_its_reading_can_fai
     assert panels[-1].title == "(d) axis V: not yet collapsed, per dose (line style)"
     km = drawn[drawn.metric.str.startswith("frontier/survival")]
     assert set(km.metric) == {f"frontier/survival, dose {d:g}" for d in spec["doses"]}
-    lowest = km.groupby("metric").line.min().to_dict()  # the last outcome: every arm collapses from ×170 alone
+    # the last outcome: every arm collapses from ×170 alone (each arm's curve drawn SURVIVAL_OFFSET below the last)
+    km = km.assign(height=km.line + km.groupby("metric").run.transform(lambda r: pd.factorize(r)[0]) * 0.015)
+    lowest = km.groupby("metric").height.min().round(9).to_dict()
     assert lowest == {"frontier/survival, dose 60": 1.0, "frontier/survival, dose 100": 1.0,
                       "frontier/survival, dose 170": 0.0}  # fmt: skip
+    for _, g in km.groupby("metric"):  # no arm's curve lies on another's (figure 15's GRPO was hidden that way)
+        values = [set(a.line.round(9)) for _, a in g.groupby("run")]
+        assert all(not (a & b) for i, a in enumerate(values) for b in values[i + 1 :])
