@@ -348,7 +348,7 @@ PILOT_N = 3  # below this many seeds a cell is drawn as its mean alone, marked a
 def pilot_note(runs) -> str:
     """A panel's title note where some cell has fewer than PILOT_N seeds (drawn as its mean alone)."""
     few = sorted({int(n) for n in runs if n < PILOT_N})
-    return f" — pilot, n = {', '.join(map(str, few))}: means, no interval" if few else ""
+    return f" — pilot, n = {', '.join(map(str, few))}: means only" if few else ""
 
 
 def dose_rows(summ: pd.DataFrame, axis: str, panel: str, value: str, log: bool = False) -> pd.DataFrame:
@@ -429,8 +429,8 @@ def panels(study: Study, figure: int, plan: dict | None = None, calibration: Pat
         result[-1].rows["panel"] = p
     p = next(letters)
     note = pilot_note(summ[summ.axis == axis].runs)
-    result.append(Panel(dose_rows(summ, axis, p, "pass", logx), f"({p}) final held-out pass@1 (arms side by side)"
-                        + note, "mean pass@1 (95 % t)", x, logx=logx))  # fmt: skip  # fmt: skip
+    result.append(Panel(dose_rows(summ, axis, p, "pass", logx), f"({p}) final held-out pass@1" + note,
+                        "mean pass@1" + ("" if note else " (95 % t)"), x, logx=logx))  # fmt: skip  # fmt: skip
     p = next(letters)
     rule = plan["collapse_rule"]["version"]
     result.append(Panel(dose_rows(summ, axis, p, "collapsed", logx), f"({p}) runs collapsed (rule version {rule})",
@@ -495,8 +495,8 @@ def decisive_panels(study: Study, plan: dict | None = None) -> list:
         if doses:
             p = next(letters)
             at = f"at dose {doses[0]:g}" if len(doses) == 1 else "per dose (line style)"
-            result.append(Panel(survival_rows(out, axis, doses, p), f"({p}) axis {axis}: not yet collapsed, {at}",
-                                "share of runs (Kaplan–Meier)", "RL step"))  # fmt: skip
+            title = f"({p}) axis {axis}: not yet collapsed, {at}, arms offset"
+            result.append(Panel(survival_rows(out, axis, doses, p), title, "share of runs (Kaplan–Meier)", "RL step"))
     return result
 
 

@@ -152,8 +152,8 @@ def test_figure_15_the_decisive_stage():
     margins = drawn[drawn.kind == "reference"]
     assert len(margins) == 4 and set(margins.line.abs()) == {PLAN["margin"]}
     assert [p.title for p in panels if "collapsed, at" in p.title] == [
-        "(d) axis V: not yet collapsed, at dose 300",
-        "(h) axis M: not yet collapsed, at dose 0.3",
+        "(d) axis V: not yet collapsed, at dose 300, arms offset",
+        "(h) axis M: not yet collapsed, at dose 0.3, arms offset",
     ]
     text, _ = frontier.section({15: s}, PLAN)
     assert "the decisive stage (figure 15, seeds 1, 2, 3, 4, 5, 6, 7, 8): 92" in text  # 96 planned, 4 dropped
@@ -221,7 +221,7 @@ def test_figure_16_the_refinement_follows_its_plan_entry_and_its_reading_can_fai
     fig, drawn = draw(studies[16], 16, "t", panels)
     assert set(drawn[drawn.metric == PASS1].step) == {float(d) for d in spec["doses"]}
     # time to collapse at each of the three doses, one line style each (figure 15: its decisive dose alone)
-    assert panels[-1].title == "(d) axis V: not yet collapsed, per dose (line style)"
+    assert panels[-1].title == "(d) axis V: not yet collapsed, per dose (line style), arms offset"
     km = drawn[drawn.metric.str.startswith("frontier/survival")]
     assert set(km.metric) == {f"frontier/survival, dose {d:g}" for d in spec["doses"]}
     # the last outcome: every arm collapses from ×170 alone (each arm's curve drawn SURVIVAL_OFFSET below the last)

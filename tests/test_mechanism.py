@@ -127,7 +127,7 @@ def test_figure_17_draws_in_range(tmp_path):
     assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
     pilot = drawn[(drawn.metric == PASS1) & (drawn.kind == "point")]
     assert len(pilot) and pilot.band_lower.isna().all()  # two seeds: points, no t-interval
-    assert any("pilot, n = 2: means, no interval" in p.title for p in panels)
+    assert any("pilot, n = 2: means only" in p.title for p in panels)
     survival = drawn[drawn.metric == "frontier/survival"]
     assert survival.groupby("run").line.max().nunique() == survival.run.nunique()  # offset: no curve hides another
     text, records = mechanism.section(s, PLAN)
