@@ -232,6 +232,8 @@ def update(ctx: Context, inputs: StepInputs, step: int, on_update: OnUpdate | No
     ent_sum = ent_tokens = 0.0
     lr = learning_rate(cfg, step)
     for i, rows in enumerate(perm.chunk(cfg.train.num_minibatches)):
+        if i:  # between two updates: a stop asked now stops here where that loses no finished step (the step in
+            stopping.stop_point()  # progress is redone from its start on resume, with the same numbers)
         record = i == 1 and natural_old is not None
         res = update_minibatch(ctx, inputs, rows, lr, record=record)
         if on_update is not None:

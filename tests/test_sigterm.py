@@ -228,3 +228,23 @@ def test_a_bad_grace_is_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert err == "error: bad value 'soon' for GSPO_STUDY_STOP_GRACE_S; allowed: a number of seconds > 0", err
     assert not (tmp_path / "m.db").exists()
+
+
+def test_sigterm_in_the_update_phase_stops_between_two_updates_and_the_step_is_redone(
+    smoke_results, tmp_path, monkeypatch, capsys
+):
+    """Between two of a step's updates is a stop point: with the last finished step checkpointed, a SIGTERM there
+    stops at the next one (not at the step's end, nor by the grace), and the rerun redoes that step from its start
+    with the numbers of an uninterrupted run, each step logged once."""
+    init = smoke_results / "smoke/checkpoints/coldstart"
+    args = ["train.steps=3", "train.checkpoint_every=1", "eval.every=3", f"init_checkpoint={init}"]
+    ref = load_config(SMOKE, [f"results_dir={tmp_path / 'ref'}", f"tracking.uri=sqlite:///{tmp_path}/ref.db", *args])
+    train(ref)
+    over = [f"results_dir={tmp_path / 't'}", f"tracking.uri=sqlite:///{tmp_path}/t.db", *args]
+    rc, took, line = _stop_in(monkeypatch, capsys, ["train", SMOKE, *over], "update@2", None)
+    assert rc == 143 and "inside step 2's update (at a stop point), checkpointed at step 1" in line, line
+    assert took < stopping.DEFAULT_GRACE_S
+    cfg = load_config(SMOKE, over)
+    train(cfg)
+    _same_history(history(ref), history(cfg))
+    _each_step_once(cfg.tracking.uri, "study-smoke")
