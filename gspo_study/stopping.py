@@ -2,9 +2,9 @@
 
 A job (an RL run, a cold-start SFT) runs inside `on_sigterm()`. The first SIGTERM asks it to stop, and it stops at
 the first of:
-- a stop point (`stop_point()`, between two batches of a long phase: evaluation batches, a step's updates, the π_old and telemetry
-  passes' micro-batches, SFT steps) where stopping loses no finished work — the job says where that holds
-  (`Job.free`); under DeepSpeed every rank stops at the same one (`Job.agree`);
+- a stop point (`stop_point()`, between two batches of a long phase: evaluation batches, a step's updates, the
+  π_old and telemetry passes' micro-batches, SFT steps) where stopping loses no finished work — the job says where
+  that holds (`Job.free`); under DeepSpeed every rank stops at the same one (`Job.agree`);
 - the end of the step it is in (the trainer's own safe point, which checkpoints the step);
 - the grace (`GSPO_STUDY_STOP_GRACE_S` seconds, default 20) running out, whatever it is doing — e.g. inside the one
   generate call of a huge rollout: `Stop` is raised there (from SIGALRM, between two decode steps), unless it is
