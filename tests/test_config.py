@@ -30,7 +30,7 @@ def test_base_inheritance_and_overrides(tmp_path):
         ("train.lrr=1", "did you mean 'train.lr'"),
         ("algo.objectiv=gspo", "did you mean 'algo.objective'"),
         ("algo.routing_replay=r4", "'algo.routing_replay'; allowed: none, r2, r3"),
-        ("algo.objective=ppo", "allowed: cispo, gmpo, grpo, gspo, gspo_token, sapo"),
+        ("algo.objective=ppo", "allowed: cispo, dppo_kl, dppo_tv, gmpo, grpo, gspo, gspo_token, sapo"),
         ("rollout.group_size=1", "'rollout.group_size'"),
         ("train.num_minibatches=5", "divisor of the rollout batch"),
         ("algo.clip_low=-0.1", "'algo.clip_low'"),
@@ -237,7 +237,7 @@ def test_listing_names_the_layer_that_set_each_field(tmp_path, capsys):
     assert rows["train.lr"].source == "override 'train.lr=1e-4'" and rows["train.lr"].value == 1e-4
     assert rows["rollout.group_size"].source == "experiments/smoke/base.yaml"
     assert rows["algo.icepop_low"].source == "default" and rows["algo.icepop_low"].value == 0.5
-    assert rows["algo.objective"].allowed.startswith("cispo, gmpo, grpo, gspo")
+    assert rows["algo.objective"].allowed.startswith("cispo, dppo_kl, dppo_tv, gmpo, grpo, gspo")
     assert main(["config", "experiments/smoke/base.yaml", "train.lr=1e-4", "--changed", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {r["key"] for r in listed} >= {"train.lr", "scale"} and "algo.icepop_low" not in {r["key"] for r in listed}
