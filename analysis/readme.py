@@ -105,7 +105,14 @@ def _claim(r: dict) -> str:
     e = _primary(r)
     if e is None:
         return f"row {r['claim']} ({r['primary_measure']}; {_runs(r)}): {r['glance']} → **{r['verdict']}**"
-    return f"row {r['claim']} ({r['primary_measure']}; {_runs(r)}): {_estimate(e)} → **{r['verdict']}**"
+    return f"row {r['claim']} ({r['primary_measure']}; {_runs(r)}): {_estimate(e)} → **{r['verdict']}**" + _same(e)
+
+
+def _same(e: dict) -> str:
+    """A difference's equivalence reading in words a reader can repeat (beside the verdict, never instead of it)."""
+    from analysis.report import MARGIN
+
+    return f", i.e. within {MARGIN} pass@1 of each other (both one-sided 95 % bounds)" if e.get("equivalent") else ""
 
 
 def report_records(results: Path) -> dict[int, dict]:
@@ -306,7 +313,7 @@ def _findings(records: dict[int, dict]) -> str:
         f"optimizer update than in the paper ({pct[0]:.2f}–{pct[-1]:.2f} % of activated experts against "
         f"≈ {100 * vol[0]['paper']:.0f} %; row 5, {_runs(records[5])}).\n"
         f"At that little drift, GRPO without replay does not fall behind GRPO + R2 over {records[14]['steps'][0]} "
-        f"steps (row 14, Δ final pass@1 {_estimate(long)} → {records[14]['verdict']}), and "
+        f"steps (row 14, Δ final pass@1 {_estimate(long)} → {records[14]['verdict']}{_same(long)}), and "
         f"{'none' if down['k'] == 0 else down['k']} of its {down['n']} runs collapsed, a count that still allows a "
         f"collapse rate up to {100 * down['upper']:.0f} % (row 13, {down['value']} → {records[13]['verdict']}).\n"
         f"The {len(by['underpowered'])} underpowered rows' intervals (half-widths {_g(halves[0], 2)}–"

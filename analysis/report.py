@@ -256,6 +256,8 @@ class Estimate:
     k: int | None = None
     paper: float = math.nan  # the paper's value (magnitude claims)
     note: str = ""
+    equivalent: bool | None = None  # a difference's equivalence reading: both one-sided 95 % bounds inside ±δ
+    # (experiments/headline/plan.yaml: a reading beside the verdict, never the verdict); None where not read
 
     @property
     def half_width(self) -> float:
@@ -276,6 +278,8 @@ class Estimate:
             half = "" if math.isnan(self.lo) else f" ±{self.half_width:.3g}"
             sides = f"{self.sides}; " if self.sides else ""
             body = f"{sides}{self.unit}{_fmt(self.mean, self.lo, self.hi)}{half} (n={self.n})"
+            if self.equivalent:
+                body += f", equivalent within ±{MARGIN} (both one-sided 95 % bounds inside)"
         return f"{self.name}: {body}" + (f"{self.note}" if self.note else "")
 
 
@@ -290,9 +294,15 @@ def estimate(
     unit: str = "Δ ",
     measure: str = "",
 ) -> Estimate:
+    from analysis.stats import equivalent, one_sided_bounds
+
     mean, lo, hi, n = mean_ci(values)
     v = verdict(kind, lo, hi, sign, paper, effect)
-    return Estimate(name, mean, lo, hi, n, v, sides, unit, measure, paper=paper)
+    same = None
+    if kind == "diff" and n >= 2 and not math.isfinite(paper):
+        _, lo1, hi1, _ = one_sided_bounds(values)
+        same = equivalent(lo1, hi1, effect)
+    return Estimate(name, mean, lo, hi, n, v, sides, unit, measure, paper=paper, equivalent=same)
 
 
 def count(name: str, k: int, n: int, measure: str = "", judged: bool = True, note: str = "") -> Estimate:
@@ -365,11 +375,39 @@ class Claim:
 
 
 def _final_pair(study: Study, a: str, b: str, sign: int) -> Result:
-    """A − B paired by seed: final pass@1 judged, the final reward beside it."""
+    """A − B paired by seed: final pass@1 judged, the final reward beside it; the interval's half-width against δ
+    and the seeds the measured SD would need (rows 2 and 4, as the long-horizon rows)."""
+    d = (final_pass(study, a) - final_pass(study, b)).dropna()
     return Result(
+        context=_powered(d) + headline_check(study, HEADLINE_FIGURES[1]),
         primary=difference(study, final_pass, a, b, "final pass@1", "diff", sign, measure=pair("final pass@1", a, b)),
         secondary=(difference(study, final_reward, a, b, "final reward", "diff", sign),),
     )
+
+
+HEADLINE_PLAN = Path(__file__).resolve().parents[1] / "experiments" / "headline" / "plan.yaml"
+HEADLINE_FIGURES = {1: "headline", 11: "long_horizon"}  # figure → its stage in the headline plan
+
+
+def headline_check(study: Study, stage: str) -> str:
+    """Whether the runs of the seeds the headline plan added (experiments/headline/plan.yaml) descend from its commit:
+    "" when none of them is in the study."""
+    import yaml
+
+    from analysis.frontier import plan_commit, runs_after_plan
+
+    spec = yaml.safe_load(HEADLINE_PLAN.read_text())["stages"][stage]
+    added = [r for r in study.runs if r.seed in spec["seeds_added"]]
+    if not added:
+        return ""
+    commit = plan_commit(HEADLINE_PLAN)
+    early = runs_after_plan([r.tags.get("git_commit", "") for r in added], commit) if commit != "unknown" else []
+    how = (
+        f"not all descend from its commit {commit[:12]} ({', '.join(early)})"
+        if early
+        else f"all descend from its commit {commit[:12]}"
+    )
+    return f"; the {len(added)} runs of seeds added by experiments/headline/plan.yaml {how}"
 
 
 def _efficiency(study: Study) -> Result:
@@ -682,7 +720,7 @@ def _long_claim(study: Study, a: str, b: str, sign: int) -> Result:
     d = (final_pass(study, ra) - final_pass(study, rb)).dropna()
     e = difference(study, final_pass, ra, rb, "final pass@1", "diff", sign, measure=pair("final pass@1", a, b))
     reward = difference(study, final_reward, ra, rb, "final reward", "diff", sign)
-    return Result(_runs_found(study) + _powered(d), e, (reward,))
+    return Result(_runs_found(study) + _powered(d) + headline_check(study, HEADLINE_FIGURES[11]), e, (reward,))
 
 
 def _long_replay(study: Study) -> Result:
@@ -1074,6 +1112,7 @@ def _record(e: Estimate, role: str) -> dict:
         paper=_num(e.paper),
         value=e.value(),
         verdict=str(e.verdict),
+        equivalent=e.equivalent,
     )
 
 

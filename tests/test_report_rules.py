@@ -234,3 +234,28 @@ def test_sweep_pools_by_seed_and_sets_collapsed_cells_apart():
     assert "every algorithm collapses at B" in r.context
     assert "mean over 1 cells" in r.primary.name and r.primary.n == 3 and r.primary.measure == CLAIMS[6].primary
     assert r.verdict == V.REPRODUCES  # R2 +0.05 in cell A at every seed (primary); GSPO +0.1 beside it
+
+
+def test_a_difference_carries_its_equivalence_reading_beside_its_verdict():
+    """experiments/headline/plan.yaml: "equivalent within ±δ" when both one-sided 95 % bounds lie inside ±δ, shown
+    beside the verdict (which stays the difference rule's), and absent where the bounds reach past δ."""
+    tight = estimate("final pass@1", pd.Series([0.004, -0.003, 0.001, 0.0, 0.002, -0.001, 0.003, -0.002]))
+    assert tight.equivalent is True and tight.verdict == V.NOT_REPRODUCED
+    assert "equivalent within ±0.05 (both one-sided 95 % bounds inside)" in tight.text()
+    wide = estimate("final pass@1", pd.Series([0.2, -0.2, 0.1]))
+    assert wide.equivalent is False and "equivalent" not in wide.text() and wide.verdict == V.UNDERPOWERED
+    assert estimate("x", pd.Series([0.01])).equivalent is None  # one seed: no reading
+
+
+def test_the_headline_rows_say_whether_the_added_seeds_descend_from_their_plan():
+    from analysis.frontier import plan_commit
+
+    commit = plan_commit(report.HEADLINE_PLAN)
+    cfg = SimpleNamespace(seed=5)
+    runs = [TrackedRun("gspo", s, cfg, f"r{s}", {"git_commit": c}) for s, c in ((1, "0" * 40), (5, commit))]
+    study = Study(runs, pd.DataFrame(), "sqlite:///unused", "x", Path("."), "steps")
+    said = report.headline_check(study, "long_horizon")
+    assert "the 1 runs of seeds added by experiments/headline/plan.yaml all descend from its commit" in said
+    runs[1].tags["git_commit"] = "0" * 40  # a run older than the plan (not a commit of this repository)
+    assert "not all descend" in report.headline_check(study, "long_horizon")
+    assert report.headline_check(Study(runs[:1], pd.DataFrame(), "u", "x", Path("."), "steps"), "headline") == ""
