@@ -213,6 +213,48 @@ def _results_table(results: Path, records: dict[int, dict], walls: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+SHORT_WHAT = {  # the README's one line per figure (the detail: docs/FIGURES.md's `results-detail` block)
+    1: "GSPO vs GRPO + R2 over training",
+    2: "clipped-token fraction",
+    3: "GRPO with vs without replay",
+    4: "routing volatility",
+    5: "token vs sequence ratio variance",
+    6: "§5.4: bf16 rollout log-probs as π_old",
+    7: "R2 vs R3, bf16 rollout engine",
+    8: "lr × depth sweep",
+    9: "routing's share of the ratio vs policy lag",
+    10: "train–inference corrections",
+    11: "300 steps under a bf16 engine",
+    12: "figure 11 at 8 minibatches",
+    13: "frontier axis V (router lr), pilot",
+    14: "frontier axis M (rollout router noise), pilot",
+    15: "frontier, decisive stage",
+    16: "frontier axis V refined",
+    17: "axis R: routing noise inside the ratio",
+}
+
+
+SHORT_NO_CLAIM = {
+    4: "its own runs' volatility per step; claim 5 is judged per update on figure 11 (row 5)",
+    5: "a view; no claim of its own",
+    12: "a probe at one seed: no interval, no verdict",
+    17: "REPORT.md's axis-R section (its pilot: running)",
+}
+
+
+def _results_lines(results: Path, records: dict[int, dict]) -> str:
+    """The README's results: one line per figure, each REPORT row it carries as its number and verdict."""
+    lines = ["| figure | what | REPORT.md rows at the CPU scale (mean ±95 % half-width → verdict) |", "|---|---|---|"]
+    for n, what in SHORT_WHAT.items():
+        rows = [(c, _primary(records[c])) for c in FIGURE_CLAIMS.get(n, ()) if c in records and _primary(records[c])]
+        shown = "; ".join(f"row {c}: {_estimate(e)} → {records[c]['verdict']}{_same(e)}" for c, e in rows)
+        if not shown:
+            shown = SHORT_NO_CLAIM.get(n, "REPORT.md's frontier section")
+        link = f"[{n}](results/cpu/figure-{n}.png)" if (results / f"figure-{n}.png").is_file() else str(n)
+        lines.append(f"| {link} | {what} | {shown} |")
+    return "\n".join(lines) + "\n"
+
+
 def _frontier_records(results: Path) -> dict:
     """REPORT.md's frontier section as records (results/<scale>/FRONTIER.json), {} before it is written."""
     path = results / "FRONTIER.json"
@@ -306,32 +348,31 @@ def _findings(records: dict[int, dict]) -> str:
     halves = sorted(e["half_width"] for e in wide if e and e["half_width"] is not None and "pass@1" in e["measure"])
     counted = [n for n in by["underpowered"] if _primary(records[n]) and _primary(records[n])["k"] is not None]
     also = f", and {_list(counted)}'s count" if counted else ""
+    rate = f"{100 * COLLAPSE_RATE:.0f} %"
     return (
-        f"Of the {len(records)} claims in REPORT.md, {len(judged)} carry a verdict on their primary measure: "
-        f"{counts}.\n"
-        f"The measured reason for the routing claims: routing moves ≈ {fold[0]:.0f}–{fold[-1]:.0f}× less per "
-        f"optimizer update than in the paper ({pct[0]:.2f}–{pct[-1]:.2f} % of activated experts against "
-        f"≈ {100 * vol[0]['paper']:.0f} %; row 5, {_runs(records[5])}).\n"
-        f"At that little drift, GRPO without replay does not fall behind GRPO + R2 over {records[14]['steps'][0]} "
-        f"steps (row 14, Δ final pass@1 {_estimate(long)} → {records[14]['verdict']}{_same(long)}), and "
-        f"{'none' if down['k'] == 0 else down['k']} of its {down['n']} runs collapsed, a count that still allows a "
-        f"collapse rate up to {100 * down['upper']:.0f} % (row 13, {down['value']} → {records[13]['verdict']}).\n"
-        f"The {len(by['underpowered'])} underpowered rows' intervals (half-widths {_g(halves[0], 2)}–"
-        f"{_g(halves[-1], 2)} in pass@1{also}) are wider than the gap they test for ({MARGIN} in pass@1, a "
-        f"collapse rate of {100 * COLLAPSE_RATE:.0f} %): they need more seeds, not another reading.\n"
+        f"Of the {len(records)} claims in REPORT.md, {len(judged)} carry a verdict: {counts}.\n"
+        f"Routing moves ≈ {fold[0]:.0f}–{fold[-1]:.0f}× less per optimizer update than in the paper: "
+        f"{pct[0]:.2f}–{pct[-1]:.2f} % of activated experts against ≈ {100 * vol[0]['paper']:.0f} % (row 5).\n"
+        f"At that drift, GRPO without replay does not fall behind GRPO + R2 over {records[14]['steps'][0]} steps "
+        f"(row 14: {_estimate(long)} → {records[14]['verdict']}{_same(long)}).\n"
+        f"{'None' if down['k'] == 0 else down['k']} of its {down['n']} runs collapsed, a count that still allows a "
+        f"rate up to {100 * down['upper']:.0f} % (row 13 → {records[13]['verdict']}).\n"
+        f"The {len(by['underpowered'])} underpowered rows' half-widths ({_g(halves[0], 2)}–{_g(halves[-1], 2)} "
+        f"pass@1{also}) exceed the gap they test for ({MARGIN} pass@1, a collapse rate of {rate}): they need more "
+        "seeds.\n"
     )
 
 
 def _frontier_finding(frontier: dict) -> str:
-    """The routing frontier in one sentence, from FRONTIER.json: at each axis's decisive dose, GRPO without replay's
-    and the axis's remedy's collapsed counts, and the remedy's paired Δ final pass@1 with its reading ('' before
-    the decisive doses exist)."""
+    """The routing frontier from FRONTIER.json, one short sentence per axis at its decisive dose: what the dose did,
+    GRPO without replay's and the remedy's collapsed counts, the remedy's paired Δ final pass@1 and its reading
+    ('' before the decisive doses exist)."""
     from analysis.common import label
 
     doses = frontier.get("decisive_doses") or {}
     remedy = {"V": "grpo_r2", "M": "grpo_r3"}
-    what = {"V": "router lr ×{:g}", "M": "router-logit noise σ {:g} in the rollout engine"}
-    parts = []
+    what = {"V": "Router lr ×{:g}", "M": "Rollout router noise σ {:g}"}
+    said = []
     for axis, dose in doses.items():
         if dose is None or axis not in remedy:
             continue
@@ -341,23 +382,16 @@ def _frontier_finding(frontier: dict) -> str:
             continue
         base, arm, c = at["grpo"], at[remedy[axis]], comp[0]
         reached = (
-            f"{_g(100 * base['drift_first'], 2)} % of routing choices moved by the first update, "
-            f"{_g(100 * base['drift_per_update'], 2)} % per update over the run"
+            f"moved {_g(100 * base['drift_first'], 2)} % of routing choices in the first update"
             if axis == "V"
-            else f"{_g(100 * base['flips_per_layer'], 2)} % of routing choices flipped per layer, "
-            f"k3 {_g(base['k3'], 2)}"
+            else f"flipped {_g(100 * base['flips_per_layer'], 2)} % of routing choices per layer"
         )
-        parts.append(
-            f"at {what[axis].format(dose)} ({reached}) GRPO without replay collapsed in {base['collapsed']} of "
-            f"{base['runs']} runs and {label(remedy[axis])} in {arm['collapsed']} of {arm['runs']}, Δ final pass@1 "
-            f"{label(remedy[axis])} − GRPO {_g(c['delta'])} ±{_g((c['hi'] - c['lo']) / 2, 2)} (n={c['n']}) → "
-            f"{c['reading']}"
+        said.append(
+            f"{what[axis].format(dose)} {reached}: GRPO without replay collapsed in {base['collapsed']} of "
+            f"{base['runs']} runs, {label(remedy[axis])} in {arm['collapsed']} of {arm['runs']}, Δ final pass@1 "
+            f"{_g(c['delta'])} ±{_g((c['hi'] - c['lo']) / 2, 2)} → {c['reading']}.\n"
         )
-    if not parts:
-        return ""
-    return "The routing frontier's decisive doses (REPORT.md's frontier section, the seeds finished so far): " + (
-        "; ".join(parts) + ".\n"
-    )
+    return "".join(said)
 
 
 def blocks(scale: str = "cpu") -> dict[str, str]:
@@ -367,7 +401,8 @@ def blocks(scale: str = "cpu") -> dict[str, str]:
     return {
         "figure-1": _figure_1(results, records, walls),
         "findings": _findings(records) + _frontier_finding(_frontier_records(results)),
-        "results": _results_table(results, records, walls),
+        "results": _results_lines(results, records),
+        "results-detail": _results_table(results, records, walls),
         "claims": _claims_list(records),
         "test-time": _test_time(),
     }

@@ -114,8 +114,35 @@ def test_findings_state_the_frontier_at_its_decisive_doses():
         "decisive_doses": {"V": 300.0, "M": 0.3},
     }
     text = readme._frontier_finding(records)
-    assert "router lr ×300 (20 % of routing choices moved by the first update, 10 % per update over the run" in text
-    assert "collapsed in 7 of 8 runs and GRPO + R2 in 1 of 8" in text
-    assert "GRPO + R2 − GRPO 0.4 ±0.1 (n=8) → difference" in text
+    assert "Router lr ×300 moved 20 % of routing choices in the first update" in text
+    assert "GRPO without replay collapsed in 7 of 8 runs, GRPO + R2 in 1 of 8" in text
+    assert "Δ final pass@1 0.4 ±0.1 → difference" in text and text.count("\n") == 1  # one short sentence per axis
     assert "noise" not in text  # axis M has no remedy run and no comparison yet: no claim about it
     assert readme._frontier_finding({**records, "decisive_doses": {}}) == readme._frontier_finding({}) == ""
+
+
+def _prose_sentences(text: str) -> list[str]:
+    """The README's sentences, generated blocks included: code, tables, headings and markers left out."""
+    import re
+
+    text = re.sub(r"<!--.*?-->", "", re.sub(r"```.*?```", "", text, flags=re.S))
+    paragraphs, current = [], []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(("|", "#", "![")):
+            paragraphs += [" ".join(current)] if current else []
+            current = []
+        else:
+            current.append(line.strip())
+    paragraphs += [" ".join(current)] if current else []
+    return [s for p in paragraphs for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`*(\[])", p)]
+
+
+def test_the_readme_keeps_its_budget_counting_what_its_blocks_print():
+    """Issue 67: at most 1,500 words with the generated blocks, every prose sentence at most 40 words (one findings
+    sentence once ran to 117)."""
+    text = (readme.ROOT / "README.md").read_text()
+    assert len(text.split()) <= 1500, len(text.split())
+    long = [s for s in _prose_sentences(text) if len(s.split()) > 40]
+    assert not long, long[0][:200]
+    assert max(len(s.split()) for s in _prose_sentences("A " + "word " * 50 + "end. Short one.")) == 52  # it counts
+    assert len(_prose_sentences("| a. B. C. |\n\n## Head. Er.\n\nOne. Two.")) == 2  # tables and headings apart
