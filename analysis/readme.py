@@ -546,8 +546,24 @@ def _calibration(results: Path = ROOT / "results") -> str:
     return table(rows)
 
 
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading: lower case, punctuation but '-' and '_' dropped, spaces as '-'."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return "#" + text.replace(" ", "-")
+
+
+def _log_index(root: Path = ROOT) -> str:
+    """docs/LOG.md's index: one line per dated entry, newest first, its heading's outcome linked to the entry."""
+    lines = []
+    for heading in re.findall(r"^## (.+)$", (root / "docs" / "LOG.md").read_text(), re.M):
+        when, _, what = heading.partition(" — ")
+        lines.append(f"- [{when}]({github_anchor(heading)}){': ' + what if what else ''}")
+    return "\n".join(reversed(lines)) + "\n"
+
+
 MEASURED = {
     ROOT / "docs" / "FRONTIER.md": {"calibration": _calibration},
+    ROOT / "docs" / "LOG.md": {"log-index": _log_index},
     ROOT / "docs" / "METRICS.md": {"telemetry-subsample": _telemetry_subsample},
     ROOT / "docs" / "RELIABILITY.md": {
         "bench-memory": _bench_memory,
