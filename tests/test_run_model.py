@@ -76,6 +76,7 @@ INERT_CASES = [
     (["rollout.engine=vllm", "rollout.router_precision=bfloat16"], "only with rollout.engine=hf"),
     (["rollout.engine=vllm", "rollout.router_noise=0.5"], "rollout.router_noise"),
     (["rollout.engine=vllm_server", "rollout.head_noise=0.5"], "rollout.head_noise"),
+    (["train.route_sham=true"], "only with train.route_noise > 0"),
 ]
 WARN_CASES = [
     (

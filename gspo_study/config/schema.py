@@ -1,34 +1,16 @@
-"""Typed configuration: dataclasses are the schema, YAML files carry only what differs from their base.
-
-A YAML file may name a base with `base: other.yaml` (a path relative to the file); the chain is merged
-onto the dataclass defaults with OmegaConf, then `key.sub=value` overrides from the command line.
-Every mistake becomes a `ConfigError` whose one-line message names the bad key or value and what is
-allowed; an unknown key suggests the closest valid one.
-
-A field is its own documentation: its docstring (the string literal under it) and its rules (`knob`: the range or
-names it allows, when it takes part in a run, its part in the run's identity) sit beside it, and every table the
-suite reads is derived from them (`RANGES`, `CHOICES`, `INERT` here; `run.LATER_KNOBS`, `run.NON_IDENTITY`).
-"""
+"""The configuration's schema: typed dataclasses, one documented field each, its rules beside it (`knob`: the range or
+names it allows, when it takes part in a run, its part in the run's identity), and the tables derived from them
+(`RANGES`, `CHOICES`, `INERT`; `run.LATER_KNOBS`, `run.NON_IDENTITY` read `declared`)."""
 
 from __future__ import annotations
 
-import copy
-import difflib
 import functools
 import hashlib
-import math
-import os
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, get_args, get_type_hints
-from urllib.parse import urlsplit
-
-import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from gspo_study.errors import ConfigError  # noqa: F401  (defined below config, where tasks import it)
 
@@ -105,9 +87,17 @@ def knob(
 
 
 _POSITIVE, _SHARE, _PRESET = Range(0, open_low=True), Range(0, 1, open_low=True), Range(1, null="the preset's")
+
+
 _MATH_FILE = (lambda c: c.task.name == "math_file", "task.name=math_file")
+
+
 _ICEPOP = (lambda c: c.algo.rollout_correction == "icepop", "algo.rollout_correction=icepop")
+
+
 _CAPPED = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
 # the rollout copy's doses act on the HF engine's own copy (gspo_study.rollout.perturb)
 _HF_COPY = (lambda c: c.rollout.engine == "hf", "rollout.engine=hf")
 
@@ -488,227 +478,17 @@ def inert(schema: type = Config) -> list[tuple]:
 
 
 CHOICES: dict[str, tuple] = choices()
+
+
 RANGES: dict[str, Range] = ranges()
+
+
 INERT: list[tuple] = inert()
-
-
-def _closest(key: str) -> str:
-    keys = [d.key for d in declared()]
-    leaf = key.split(".")[-1]
-    best = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
-    if not best:
-        by_leaf = {k.split(".")[-1]: k for k in keys}
-        best = [by_leaf[m] for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)]
-    return f"; did you mean '{best[0]}'?" if best else ""
-
-
-class _DuplicateKey(yaml.YAMLError):
-    pass
-
-
-class _TooLarge(yaml.YAMLError):
-    pass
-
-
-# A config is small (the largest shipped one holds ~100 values): more than this many, aliases expanded, is refused
-# before anything is built from it — a file of nested aliases (9 × 9 × …) once expanded for hours, and OmegaConf
-# merges ~2,000 values a second.
-MAX_YAML_VALUES = 1_000
-
-
-def yaml_values(node, limit: float, memo: dict | None = None, path: tuple = ()) -> int:
-    """How many values (scalars, sequences, mappings, keys) the YAML `node` holds with every alias expanded, counted
-    without expanding (each node once); `_TooLarge` past `limit` or for an alias inside itself."""
-    memo = {} if memo is None else memo
-    if id(node) in memo:
-        return memo[id(node)]
-    if id(node) in path:
-        raise _TooLarge("an alias refers to a node that holds it (a recursive structure)")
-    inner = (*path, id(node))
-    if isinstance(node, yaml.SequenceNode):
-        n = 1 + sum(yaml_values(child, limit, memo, inner) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        n = 1 + sum(yaml_values(k, limit, memo, inner) + yaml_values(v, limit, memo, inner) for k, v in node.value)
-    else:
-        n = 1
-    if n > limit:
-        raise _TooLarge(f"its YAML holds more than {limit:,} values, aliases expanded; allowed: at most {limit:,}")
-    memo[id(node)] = n
-    return n
-
-
-# Configs nest 3 levels (figures.yaml 5): deeper is refused while the document is composed, before PyYAML's recursive
-# composer (or anything after it) can run out of stack — a file of 200,000 nested lists once ended in a RecursionError.
-MAX_YAML_DEPTH = 32
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last), a
-    document nesting deeper than MAX_YAML_DEPTH is refused while it is composed, and a document of more than `limit`
-    values, aliases expanded, is refused before it is built (`yaml_values`)."""
-
-    limit: float = MAX_YAML_VALUES
-    _depth: int = 0
-
-    def compose_node(self, parent, index):
-        self._depth += 1
-        try:
-            if self._depth > MAX_YAML_DEPTH:
-                line = self.peek_event().start_mark.line + 1
-                raise _TooLarge(
-                    f"its YAML nests deeper than {MAX_YAML_DEPTH} levels (line {line}); allowed: at most "
-                    f"{MAX_YAML_DEPTH}"
-                )
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def get_single_data(self):
-        node = self.get_single_node()
-        if node is None:
-            return None
-        yaml_values(node, self.limit)
-        return self.construct_document(node)
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged by PyYAML, keys given here win
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise _DuplicateKey(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
-            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml_file(path: Path, limit: int) -> Any:
-    """A YAML file that is not a config (experiments/figures.yaml): parsed like one (safe, no duplicate keys), at
-    most `limit` values with its aliases expanded; a one-line ConfigError naming the file otherwise."""
-    loader = type("_Bounded", (_StrictLoader,), {"limit": limit})
-    try:
-        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)
-    except (_DuplicateKey, _TooLarge) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-
-
-def _no_dotted_keys(data: dict, path: Path, prefix: str = "") -> None:
-    """`train.lr: 1e-3` in a file is a key named 'train.lr', not train's lr: say how to write it."""
-    for key, value in data.items():
-        if isinstance(key, str) and "." in key:
-            head, _, leaf = key.partition(".")
-            raise ConfigError(
-                f"{path}: dotted key '{prefix}{key}' in a config file; allowed: nested keys, e.g. "
-                f"'{head}: {{{leaf}: ...}}' ('key.sub=value' is for the command line)"
-            )
-        if isinstance(value, dict):
-            _no_dotted_keys(value, path, f"{prefix}{key}.")
-
-
-@functools.lru_cache(maxsize=256)
-def _parse_yaml(text: str) -> Any:
-    """A YAML text parsed, once per text (a sweep loads the same few files for every run; callers copy it)."""
-    return yaml.load(text, Loader=_StrictLoader)
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[dict]:
-    """The chain of YAML dicts, base first."""
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    if path.resolve() in seen:
-        raise ConfigError(f"config inheritance cycle at {path}")
-    try:
-        data = copy.deepcopy(_parse_yaml(path.read_text(encoding="utf-8"))) or {}
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
-    except _DuplicateKey as dup:
-        raise ConfigError(f"{path}: {dup}; each key may appear once per mapping") from None
-    except _TooLarge as big:
-        raise ConfigError(f"{path}: {big}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
-    _no_dotted_keys(data, path)
-    base = data.pop("base", None)
-    if base is not None and not isinstance(base, str):
-        raise ConfigError(f"{path}: bad value {base!r} for 'base'; allowed: one file name (a string)")
-    chain = _read_yaml(path.parent / base, (*seen, path.resolve())) if base else []
-    return [*chain, data]
-
-
-@functools.cache
-def _defaults() -> DictConfig:
-    """`Config`'s defaults as an OmegaConf node, built once (a merge copies it, never changes it)."""
-    return OmegaConf.structured(Config)
-
-
-@functools.cache
-def _sections() -> dict[str, Any]:
-    return get_type_hints(Config)
-
-
-def _check_sections(data: Any, where: str) -> None:
-    """A section (`train`, `algo`, …) given a scalar instead of a mapping: a one-line error with an example."""
-    for name, value in data.items() if isinstance(data, (dict, DictConfig)) else ():
-        section = _sections().get(name)
-        if is_dataclass(section) and not isinstance(value, (dict, DictConfig)):
-            example = fields(section)[0].name
-            raise ConfigError(
-                f"{where}: bad value {value!r} for '{name}'; allowed: a mapping of {name}.* keys, e.g. "
-                f"'{name}: {{{example}: ...}}'"
-            )
 
 
 @functools.cache
 def _hints(cls: Any) -> dict[str, Any]:
     return get_type_hints(cls)
-
-
-def _check_keys(data: Any, where: str, schema: Any = None, prefix: str = "") -> None:
-    """Every key of a layer is a field of `Config` (a dataclass field's keys, recursively; a dict field takes any)."""
-    hints = _hints(Config if schema is None else schema)
-    for key, value in data.items() if isinstance(data, (dict, DictConfig)) else ():
-        dotted = f"{prefix}{key}"
-        if key not in hints:
-            raise ConfigError(f"{where}: unknown config key '{dotted}'{_closest(dotted)}")
-        if is_dataclass(hints[key]) and isinstance(value, (dict, DictConfig)):
-            _check_keys(value, where, hints[key], dotted + ".")
-
-
-def _merge_layers(layers: list[tuple[str, Any]]) -> DictConfig:
-    """The defaults with every (where, data) layer merged over them in order. One OmegaConf merge for them all
-    (one copy of the defaults, not one per layer: a config loads ~3x faster); when that merge fails, the layers
-    are merged again one at a time so the error names the file or override at fault."""
-    try:
-        for where, data in layers:
-            _check_sections(data, where)
-            _check_keys(data, where)  # before any merge: an unknown key is named at once, whatever the rest holds
-        return OmegaConf.merge(_defaults(), *(data for _, data in layers))
-    except (ConfigError, OmegaConfBaseException):
-        pass
-    node = _defaults()
-    for where, data in layers:
-        _check_sections(data, where)
-        try:
-            node = OmegaConf.merge(node, data)
-        except OmegaConfBaseException as exc:
-            raise ConfigError(_explain(exc, where)) from None
-    return node  # not reached: the layer that failed above fails here too
-
-
-def _explain(exc: OmegaConfBaseException, where: str) -> str:
-    key = getattr(exc, "full_key", None) or ""
-    msg = str(exc).splitlines()[0]
-    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
-        return f"{where}: unknown config key '{key}'{_closest(key)}"
-    value = getattr(exc, "value", None) if hasattr(exc, "value") else None
-    if key:
-        want = _field_kind(key)
-        return f"{where}: bad value {value!r} for '{key}' ({msg}){'; allowed: ' + want if want else ''}"
-    return f"{where}: {msg}"
 
 
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -731,136 +511,13 @@ def _field_kind(dotted: str) -> str:
     return f"null or {kind}" if kind and optional else kind
 
 
-def _parse_override(item: str) -> tuple[str, Any]:
-    if "=" not in item:
-        raise ConfigError(f"override '{item}' is not of the form key.sub=value")
-    key, raw = item.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw != "" else None
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
-
-
-def _layers(paths: list, overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
-    """(where, data) for every YAML file of the chains (base first) and every `key.sub=value` override, in the
-    order they are merged."""
-    layers = [(str(one), data) for one in paths for data in _read_yaml(Path(one))]
-    for item in overrides:
-        key, value = _parse_override(item)
-        dotted = OmegaConf.create({})
-        OmegaConf.update(dotted, key, value, force_add=True)
-        layers.append((f"override '{item}'", dotted))
-    return layers
-
-
-def _paths(path: str | os.PathLike | list | tuple | None) -> list:
-    return [] if path is None else list(path) if isinstance(path, (list, tuple)) else [path]
-
-
-def load_config(
-    path: str | os.PathLike | list | tuple | None = None, overrides: list[str] | tuple[str, ...] = ()
-) -> Config:
-    """Defaults ← YAML chain(s) (base first; several files are layered in order) ← `key.sub=value`
-    overrides, validated."""
-    node = _merge_layers(_layers(_paths(path), overrides))
-    cfg: Config = OmegaConf.to_object(node)  # type: ignore[assignment]
-    validate(cfg)
-    _normalise(cfg)
-    return cfg
-
-
-@functools.cache
-def field_docs() -> dict[str, str]:
-    """Every field's docstring (the string literal under it in this file) by dotted key, `Config`'s order."""
-    import ast
-    import inspect
-
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    by_class: dict[str, dict[str, str]] = {}
-    for node in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-        docs = by_class.setdefault(node.name, {})
-        for a, b in zip(node.body, node.body[1:]):
-            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-                docs[a.target.id] = " ".join(inspect.cleandoc(str(b.value.value)).split())
-
-    out: dict[str, str] = {}
-
-    def walk(cls: Any, prefix: str) -> None:
-        hints = get_type_hints(cls)
-        for f in fields(cls):
-            out[prefix + f.name] = by_class.get(cls.__name__, {}).get(f.name, "")
-            if is_dataclass(hints[f.name]):
-                walk(hints[f.name], prefix + f.name + ".")
-
-    walk(Config, "")
-    return out
-
-
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; whether CUDA is there is asked at run time
+
+
 DEVICE_TEXT = "auto, cpu, cuda, cuda:N"
 
 
-def allowed(key: str) -> str:
-    """What a field accepts, in the words its one-line error uses."""
-    named = {**CHOICES, **registries()}
-    if key == "train.device":
-        return DEVICE_TEXT
-    if key in named:
-        return ", ".join(map(str, named[key]))
-    if key in RANGES:
-        return RANGES[key].text(_number_kind(key))
-    if key == "seed":
-        return "an integer in [0, 2^63 - 1]"
-    return _field_kind(key)
-
-
-@dataclass(frozen=True)
-class FieldRow:
-    """One field of a resolved config, as `python -m gspo_study config` prints it."""
-
-    key: str
-    value: Any
-    doc: str
-    allowed: str
-    source: str  # "default", a file, or "override 'key=value'": the last layer that set it
-
-
-def describe_config(
-    path: str | os.PathLike | list | tuple | None = None, overrides: list[str] | tuple[str, ...] = ()
-) -> list[FieldRow]:
-    """Every field of the resolved (validated) config: its value, doc, allowed values and where it was set."""
-    layers = _layers(_paths(path), overrides)
-    flat = to_flat_dict(load_config(path, overrides))
-    docs = field_docs()
-    source: dict[str, str] = {}
-
-    def mark(data: Any, prefix: str, where: str) -> None:
-        for k, v in data.items():
-            key = prefix + str(k)
-            if isinstance(v, (dict, DictConfig)) and key not in flat:
-                mark(v, key + ".", where)
-            elif key in flat:
-                source[key] = where
-
-    for where, data in layers:
-        mark(data, "", where)
-    return [FieldRow(k, flat[k], docs.get(k, ""), allowed(k), source.get(k, "default")) for k in flat]
-
-
 PRESET_OVERRIDES = ("num_hidden_layers", "num_experts", "num_experts_per_tok")
-
-
-def _normalise(cfg: Config) -> None:
-    """A preset override equal to the preset's own value is no override: `model.num_hidden_layers=8` on the
-    8-layer preset is the same run (same `run_key`, same cold start) as leaving it unset."""
-    if cfg.model.path is None:
-        from gspo_study.models import PRESETS
-
-        preset = PRESETS[cfg.model.preset]
-        for key in PRESET_OVERRIDES:
-            if getattr(cfg.model, key) == preset[key]:
-                setattr(cfg.model, key, None)
 
 
 def coldstart_name(cfg: Config) -> str:
@@ -905,230 +562,6 @@ def _get(cfg: Config, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def _number_kind(dotted: str) -> str:
-    return _KINDS[int] if "an integer" in _field_kind(dotted) else _KINDS[float]
-
-
-def _check_numbers(cfg: Config) -> None:
-    """Every number finite, then in its `RANGES` range."""
-    for key, value in to_flat_dict(cfg).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"bad value {value} for '{key}'; allowed: a finite number")
-    _require(0 <= cfg.seed <= MAX_SEED, f"bad value {cfg.seed} for 'seed'; allowed: an integer in [0, 2^63 - 1]")
-    for key, rule in RANGES.items():
-        if not rule.holds(v := _get(cfg, key)):
-            raise ConfigError(f"bad value {v} for '{key}'; allowed: {rule.text(_number_kind(key))}")
-
-
-def registries() -> dict[str, tuple[str, ...]]:
-    """The names a registry field may take, from the registries themselves (objectives, tasks, presets, …)."""
-    from gspo_study.models import PRESETS
-    from gspo_study.moe.modes import REPLAY_MODES
-    from gspo_study.objectives import OBJECTIVES
-    from gspo_study.objectives.correction import CORRECTIONS
-    from gspo_study.tasks import TASKS
-
-    return {
-        "algo.objective": tuple(sorted(OBJECTIVES)),
-        "algo.routing_replay": tuple(REPLAY_MODES),
-        "algo.rollout_correction": tuple(CORRECTIONS),
-        "task.name": tuple(sorted(TASKS)),
-        "model.preset": tuple(PRESETS),
-    }
-
-
-def validate(cfg: Config) -> None:
-    """Names (`CHOICES`, the registries), numbers (`RANGES`), then the checks that relate fields to each other."""
-    named = {**CHOICES, **registries()}
-    for key, allowed in named.items():
-        if key == "model.preset" and cfg.model.path is not None:
-            continue  # a local checkpoint replaces the preset
-        value = _get(cfg, key)
-        _require(value in allowed, f"bad value {value!r} for '{key}'; allowed: {', '.join(map(str, allowed))}")
-    _check_numbers(cfg)
-    _require(
-        isinstance(cfg.train.device, str) and bool(DEVICE.fullmatch(cfg.train.device)),
-        f"bad value {cfg.train.device!r} for 'train.device'; allowed: {DEVICE_TEXT}",
-    )
-    _require(
-        cfg.train.device == "auto" or cfg.train.backend == "torch",
-        f"train.device={cfg.train.device!r} with train.backend=deepspeed: DeepSpeed places each rank on its own "
-        "device (LOCAL_RANK); allowed here: train.device=auto",
-    )
-    from gspo_study.objectives import get_objective
-    from gspo_study.objectives.correction import check_correction
-
-    a = cfg.algo
-    try:  # the correction's ranges; it needs π_old and μ to differ in kind
-        check_correction(
-            a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_geo_cap, (a.icepop_low, a.icepop_high)
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    _require(
-        a.rollout_correction == "none" or a.old_logprobs == "recompute",
-        f"algo.rollout_correction={a.rollout_correction!r} corrects μ (the rollout engine) to π_old (the training "
-        "engine); with algo.old_logprobs=rollout π_old is μ and there is nothing to correct; allowed here: "
-        "algo.rollout_correction=none, or algo.old_logprobs=recompute",
-    )
-    try:  # the objective's own checks: names and ranges of its hyperparameters
-        get_objective(cfg.algo.objective, cfg.algo.aggregation, **objective_hparams(cfg))
-    except ValueError as exc:
-        raise ConfigError(f"algo.objective={cfg.algo.objective!r}: {exc}") from None
-    _check_anchor(a)
-    r, t = cfg.rollout, cfg.train
-    batch = r.group_size * r.prompts_per_step
-    _require(
-        t.num_minibatches >= 1 and batch % t.num_minibatches == 0,
-        f"bad value {t.num_minibatches} for 'train.num_minibatches'; allowed: a divisor of the rollout batch "
-        f"(group_size x prompts_per_step = {batch})",
-    )
-    _require(
-        r.policy_lag == 0 or t.backend == "torch",
-        f"rollout.policy_lag={r.policy_lag} needs train.backend=torch (a ZeRO-sharded model keeps no whole "
-        "stale copy); allowed here: rollout.policy_lag=0",
-    )
-    _require(
-        not (t.route_random and t.route_noise > 0),
-        f"train.route_random=true chooses experts at random, so train.route_noise={t.route_noise:g} would take no "
-        "part; allowed here: train.route_noise=0, or train.route_random=false",
-    )
-    dosed = r.router_precision != "none" or r.router_noise > 0 or r.head_noise > 0
-    _require(
-        not (dosed and r.sharded),
-        "a rollout perturbation (rollout.router_precision / router_noise / head_noise) draws its noise from the "
-        "batch's one random stream; allowed here: rollout.sharded=false",
-    )
-    _check_server(r.server)
-    _refuse_inert(cfg)
-    _check_model_shape(cfg.model)
-    _check_names_and_paths(cfg)
-
-
-def _check_anchor(a: AlgoConfig) -> None:
-    """An objective anchored to the rollout's log-probs (DPPO: `ObjectiveSpec.anchor`) has no π_old: its ratio needs
-    algo.old_logprobs=rollout, and R2, which replays the routing of the π_old pass, has nothing to replay."""
-    from gspo_study.objectives import OBJECTIVES
-
-    if OBJECTIVES[a.objective].anchor != "rollout":
-        return
-    _require(
-        a.old_logprobs == "rollout",
-        f"algo.objective={a.objective!r} takes its ratio against the rollout's log-probs (μ), by definition; allowed "
-        "here: algo.old_logprobs=rollout",
-    )
-    _require(
-        a.routing_replay != "r2",
-        f"algo.objective={a.objective!r} has no π_old pass to record routing in, so R2 has nothing to replay (verl "
-        "refuses it too); allowed here: algo.routing_replay=none or r3 (the rollout's routing)",
-    )
-
-
-def _refuse_inert(cfg: Config) -> None:
-    """A field set away from its default where it takes no part in the run is a one-line error (`INERT`)."""
-    default = _default_flat()
-    flat = to_flat_dict(cfg)
-    for prefix, active, needs, *severity in INERT:
-        if active(cfg):
-            continue
-        for key in (k for k in flat if k == prefix or (prefix.endswith(".") and k.startswith(prefix))):
-            if flat[key] == default.get(key):
-                continue
-            message = (
-                f"{key}={flat[key]!r} takes no part in this run (only with {needs}); "
-                f"allowed: its default ({default.get(key)!r}), or {needs}"
-            )
-            if severity:
-                warnings.warn(message, InertSettingWarning, stacklevel=2)
-            else:
-                raise ConfigError(message)
-
-
-class InertSettingWarning(UserWarning):
-    """A harmless setting that takes no part in the run (`INERT` entries marked "warn")."""
-
-
-@functools.lru_cache(maxsize=1)
-def _default_flat() -> dict[str, Any]:
-    return to_flat_dict(Config())
-
-
-# A file or directory name the suite creates: no separators, not hidden, not '.' or '..', and short enough for
-# a run directory (`<name>-<12-hex run key>`) to stay under the usual 255-byte limit.
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,=+@ -]{0,199}")
-MAX_SEED = 2**63 - 1  # torch.manual_seed's range
-
-
-def _check_model_shape(m: ModelConfig) -> None:
-    if m.path is None:  # a checkpoint's own shape is checked against the overrides when it is loaded
-        from gspo_study.models import PRESETS
-
-        preset = PRESETS.get(m.preset, {})
-        experts = m.num_experts or preset.get("num_experts", 0)
-        active = m.num_experts_per_tok or preset.get("num_experts_per_tok", 0)
-        _require(
-            active <= experts,
-            f"bad value {active} for 'model.num_experts_per_tok'; allowed: an integer in [1, {experts}] "
-            "(model.num_experts)",
-        )
-
-
-def _check_names_and_paths(cfg: Config) -> None:
-    """The prompt template, and every name the suite turns into a path: safe."""
-    tk = cfg.task
-    try:
-        shown = {tk.prompt_template.format(prompt=p) for p in ("1+2=", "3+4=")}
-    except (KeyError, IndexError, ValueError, AttributeError) as exc:
-        raise ConfigError(
-            f"bad value {tk.prompt_template!r} for 'task.prompt_template' ({type(exc).__name__}: {exc}); "
-            "allowed: a format string whose only field is {prompt} (write a literal brace as {{ or }})"
-        ) from None
-    _require(
-        len(shown) == 2,
-        f"bad value {tk.prompt_template!r} for 'task.prompt_template'; allowed: a format string containing {{prompt}}",
-    )
-    _require(
-        bool(_SAFE_NAME.fullmatch(cfg.sft.output)),
-        f"bad value {cfg.sft.output!r} for 'sft.output'; allowed: a checkpoint name (letters, digits, '_', "
-        "'-', '.', not starting with '.', at most 200 characters; no '/')",
-    )
-    name = cfg.tracking.run_name
-    _require(
-        name is None or bool(_SAFE_NAME.fullmatch(name)),
-        f"bad value {name!r} for 'tracking.run_name'; allowed: null (derived) or a name of letters, digits, "
-        "spaces and _ - . , = + @, not starting with '.', at most 200 characters (it names the run's directory)",
-    )
-    _require(
-        bool(cfg.tracking.experiment.strip()) and len(cfg.tracking.experiment) <= 200,
-        f"bad value {cfg.tracking.experiment!r} for 'tracking.experiment'; allowed: a non-empty name of at most "
-        "200 characters",
-    )
-    results = Path(cfg.results_dir)
-    _require(
-        bool(str(cfg.results_dir).strip()) and (not results.exists() or results.is_dir()),
-        f"bad value {cfg.results_dir!r} for 'results_dir'; allowed: a directory (or a path to create one at)",
-    )
-
-
-def _check_server(s: ServerConfig) -> None:
-    for url in s.urls:
-        _require(
-            isinstance(url, str) and url.startswith(("http://", "https://")) and len(url) > len("http://"),
-            f"bad value {url!r} in 'rollout.server.urls'; allowed: server addresses like http://10.0.0.2:8000",
-        )
-    remote = [u for u in s.urls if urlsplit(u).hostname not in ("127.0.0.1", "localhost", "::1")]
-    _require(
-        not remote or bool(s.weight_dir),
-        f"rollout.server.urls={remote} are other machines: rollout.server.weight_dir must name storage they read "
-        "the pushed weights from (e.g. a shared filesystem); allowed: a directory path",
-    )
 
 
 def to_flat_dict(cfg: Config) -> dict[str, Any]:
