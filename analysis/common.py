@@ -41,6 +41,7 @@ LABELS = {
     "grpo_r2": "GRPO + R2",
     "grpo": "GRPO (no replay)",
     "grpo_r3": "GRPO + R3",
+    "dppo": "DPPO",
     "grpo_r3_bf16": "GRPO + R3, bf16 rollout",
     "gspo_bf16_rollout": "GSPO, bf16 rollout log-probs",
     "gspo_bf16_recompute": "GSPO, bf16 rollout, recomputed π_old",
@@ -392,7 +393,7 @@ class Panel:
 
 # One colour per arm in every figure: the algorithm family sets the hue, a run's variant (engine precision,
 # correction) a lighter shade of it, so GRPO + R2 is the same orange in figures 1, 3, 10 and 11.
-FAMILIES = ("gspo", "grpo_r2", "grpo", "grpo_r3", "sapo", "gmpo", "cispo", "gspo_token")
+FAMILIES = ("gspo", "grpo_r2", "grpo", "grpo_r3", "sapo", "gmpo", "cispo", "gspo_token", "dppo")
 VARIANTS = ("", "_bf16_recompute", "_bf16", "_bf16_rollout", "_bf16_tis", "_bf16_mis", "_bf16_icepop")
 
 
@@ -407,7 +408,7 @@ def arm_color(run: str) -> tuple[float, float, float]:
         return palette[7]
     rest = run.removeprefix(family)
     shade = VARIANTS.index(rest) if rest in VARIANTS else len(VARIANTS)
-    base = palette[[0, 1, 2, 4, 6, 5, 9, 8][FAMILIES.index(family)]]
+    base = palette[[0, 1, 2, 4, 6, 5, 9, 8, 3][FAMILIES.index(family)]]
     return tuple(c + (1 - c) * 0.11 * shade for c in base)
 
 

@@ -409,6 +409,16 @@ def figure_17(s: Study) -> list[Panel]:
 FIGURES[17] = figure_17
 
 
+def figure_18(s: Study) -> list[Panel]:
+    """DPPO beside GRPO, GRPO + R2 and GSPO at the frontier's base and axis M's top dose (analysis/dppo.py)."""
+    from analysis.dppo import panels
+
+    return panels(s)
+
+
+FIGURES[18] = figure_18
+
+
 def _cat(*frames):
     return pd.concat([f for f in frames if not f.empty], ignore_index=True)
 

@@ -1256,6 +1256,15 @@ def _mechanism(scale: str, seeds: list[int] | None, overrides, frontier: dict[in
     return mechanism.section(study, frontier=dead)
 
 
+def _dppo(scale: str, seeds: list[int] | None, overrides) -> tuple[str, dict]:
+    """The DPPO arm's section and records (analysis/dppo.py) from figure 18's finished runs; ("", {}) before any
+    DPPO run finished."""
+    from analysis import dppo
+
+    own = seeds if seeds is not None else parse_seeds(None, scale, dppo.FIGURE)
+    return dppo.section(load(figure_configs(dppo.FIGURE, scale, own, tuple(overrides))))
+
+
 def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int | None = None) -> Path:
     """REPORT.md and REPORT.json (every claim), or with `figure` REPORT-figure-N.md: only the claims measured on
     that figure's sweep, from its runs alone (and the runs of the figures those claims also read). `seeds` None:
@@ -1290,7 +1299,8 @@ def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int |
     text = render(study, sweeps, scale, seeds, figure, found, per_figure)
     frontier, frontier_records, studies = _frontier(scale, given, overrides) if figure is None else ("", {}, {})
     mech, mech_records = _mechanism(scale, given, overrides, studies) if figure is None else ("", {})
-    frontier = "\n".join(t for t in (frontier, mech) if t)
+    arm, arm_records = _dppo(scale, given, overrides) if figure is None else ("", {})
+    frontier = "\n".join(t for t in (frontier, mech, arm) if t)
     if frontier:  # before the method, after the claims: the routing frontier and axis R, judged as their plans say
         head, _, method = text.partition("\n## How the numbers and verdicts are computed\n")
         text = f"{head}\n{frontier}\n## How the numbers and verdicts are computed\n{method}"
@@ -1301,7 +1311,8 @@ def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int |
         on = [claim_on(c, study, sweeps) for c in claims]
         records.write_text(json.dumps(as_records(claims, found, on), indent=1, allow_nan=False) + "\n")
         written.append(records)
-        for name, recs in (("FRONTIER.json", frontier_records), ("AXIS_R.json", mech_records)):
+        extras = (("FRONTIER.json", frontier_records), ("AXIS_R.json", mech_records), ("DPPO.json", arm_records))
+        for name, recs in extras:
             if recs:
                 extra = path.with_name(name)
                 extra.write_text(json.dumps(recs, indent=1, allow_nan=False) + "\n")
