@@ -22,7 +22,8 @@ import yaml
 
 from analysis.common import Study, mean_ci
 from analysis.frontier import BASELINE, _plain, _row, plan_commit, runs_after_plan
-from analysis.mechanism import run_row, seeds_needed, summary
+from analysis.mechanism import run_row, summary
+from analysis.rules import seeds_needed
 from analysis.stats import equivalent, fisher_greater, one_sided_bounds, paired_bootstrap
 from gspo_study.paths import EXPERIMENTS
 

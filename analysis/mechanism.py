@@ -38,6 +38,7 @@ from analysis.frontier import (
     reading,
     runs_after_plan,
 )
+from analysis.rules import seeds_needed
 from analysis.stats import clopper_pearson, fisher_greater, paired_bootstrap
 from gspo_study.paths import EXPERIMENTS
 
@@ -235,18 +236,6 @@ def comparisons(out: pd.DataFrame, plan: dict) -> pd.DataFrame:
                 )
             )
     return pd.DataFrame(rows)
-
-
-def seeds_needed(sd: float, margin: float) -> int | None:
-    """Paired seeds for a 95 % t half-width of `margin` at the measured SD (the smallest n with t·sd/√n ≤ δ)."""
-    from scipy import stats
-
-    if not sd == sd or sd <= 0:
-        return None
-    for n in range(2, 10_000):
-        if stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) <= margin:
-            return n
-    return None
 
 
 def verdict(summ: pd.DataFrame, comp: pd.DataFrame, plan: dict) -> tuple[str, str]:

@@ -110,7 +110,7 @@ def _claim(r: dict) -> str:
 
 def _same(e: dict) -> str:
     """A difference's equivalence reading in words a reader can repeat (beside the verdict, never instead of it)."""
-    from analysis.report import MARGIN
+    from analysis.rules import MARGIN
 
     return f", i.e. within {MARGIN} pass@1 of each other (both one-sided 95 % bounds)" if e.get("equivalent") else ""
 
@@ -332,7 +332,7 @@ def _findings(records: dict[int, dict]) -> str:
     """What the study found, in four sentences, from REPORT.json: the verdicts, the measured reason (routing
     volatility per update against the paper's), the long-horizon comparison and collapse count it leads to, and
     what the underpowered rows would need."""
-    from analysis.report import COLLAPSE_RATE, MARGIN
+    from analysis.rules import COLLAPSE_RATE, MARGIN
 
     judged = [r for r in records.values() if r["verdict"] not in ("measured", "not run")]
     by = {v: _rows(records, v) for v in ("reproduces", "not reproduced", "underpowered", "inconclusive")}

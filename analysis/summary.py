@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from analysis.common import PASS1, REWARD, load, mean_ci
-from analysis.report import final_pass, gain, training_mean
+from analysis.rules import final_pass, gain, training_mean
 from gspo_study.config import ConfigError, load_config
 from gspo_study.run import run_key
 from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base

@@ -487,7 +487,7 @@ def test_long_horizon_report_rows(study):
     per arm and claims 4 and 2 with their half-widths; the seeds-needed formula against its definition."""
     from scipy import stats
 
-    from analysis import report
+    from analysis import report, rules
 
     root, overrides = study
     run_figure(11, "smoke", SEEDS, overrides)
@@ -500,7 +500,7 @@ def test_long_horizon_report_rows(study):
     assert "collapse rule: version 2 in force" in rows[0] and "version 1 (" in rows[0]
     assert "half-width" in rows[1] and "(n=2)" in rows[1]
     for sd in (0.01, 0.05, 0.1):
-        n = report.seeds_needed(sd)
+        n = rules.seeds_needed(sd)
         assert stats.t.ppf(0.975, n - 1) * sd / n**0.5 <= 0.05 < stats.t.ppf(0.975, n - 2) * sd / (n - 1) ** 0.5
 
 

@@ -14,13 +14,12 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from analysis import report
+from analysis import claims, report, rules
+from analysis.claims import CLAIMS, Claim
 from analysis.common import PASS1, REWARD, Study, TrackedRun
-from analysis.report import (
-    CLAIMS,
-    METHOD,
+from analysis.report import METHOD
+from analysis.rules import (
     WITHIN,
-    Claim,
     Result,
     Verdict,
     collapse_verdict,
@@ -115,8 +114,8 @@ def test_collapse_verdict_reads_the_exact_interval():
 def test_the_count_rules_old_version_is_kept_and_differs():
     """The count rule before 2026-12-04 (`collapse_verdict_v1`) stays in code, so row 13 can say what it reads; it
     calls 0 of 4 "not reproduced", which the rule in force does not."""
-    assert report.collapse_verdict_v1(0, 4, 0) == V.NOT_REPRODUCED != collapse_verdict(0, 4)
-    assert report.collapse_verdict_v1(2, 4, 0) == V.REPRODUCES and report.collapse_verdict_v1(2, 4, 1) == V.INCONCLUSIVE
+    assert rules.collapse_verdict_v1(0, 4, 0) == V.NOT_REPRODUCED != collapse_verdict(0, 4)
+    assert rules.collapse_verdict_v1(2, 4, 0) == V.REPRODUCES and rules.collapse_verdict_v1(2, 4, 1) == V.INCONCLUSIVE
 
 
 def test_fisher_verdict():
@@ -149,7 +148,7 @@ def test_a_row_is_judged_on_its_primary_measure_alone():
         {"gspo": [0.7, 0.4, 0.6], "grpo_r2": [0.5, 0.5, 0.5]},
         {"gspo": [0.60, 0.61, 0.60], "grpo_r2": [0.60, 0.60, 0.60]},
     )
-    r = report._efficiency(s)
+    r = claims._efficiency(s)
     assert r.primary.measure == CLAIMS[1].primary and r.primary.verdict == V.UNDERPOWERED
     assert [e.verdict for e in r.secondary] == [V.NOT_REPRODUCED]
     assert r.verdict == V.UNDERPOWERED
@@ -225,12 +224,12 @@ def test_sweep_pools_by_seed_and_sets_collapsed_cells_apart():
     class Fake:
         runs, missing = [object()] * 27, []
 
-    orig = report.sweep_table
-    report.sweep_table = lambda s: pd.DataFrame(rows)
+    orig = claims.sweep_table
+    claims.sweep_table = lambda s: pd.DataFrame(rows)
     try:
-        r = report._sweep(Fake())
+        r = claims._sweep(Fake())
     finally:
-        report.sweep_table = orig
+        claims.sweep_table = orig
     assert "every algorithm collapses at B" in r.context
     assert "mean over 1 cells" in r.primary.name and r.primary.n == 3 and r.primary.measure == CLAIMS[6].primary
     assert r.verdict == V.REPRODUCES  # R2 +0.05 in cell A at every seed (primary); GSPO +0.1 beside it
@@ -250,12 +249,12 @@ def test_a_difference_carries_its_equivalence_reading_beside_its_verdict():
 def test_the_headline_rows_say_whether_the_added_seeds_descend_from_their_plan():
     from analysis.frontier import plan_commit
 
-    commit = plan_commit(report.HEADLINE_PLAN)
+    commit = plan_commit(claims.HEADLINE_PLAN)
     cfg = SimpleNamespace(seed=5)
     runs = [TrackedRun("gspo", s, cfg, f"r{s}", {"git_commit": c}) for s, c in ((1, "0" * 40), (5, commit))]
     study = Study(runs, pd.DataFrame(), "sqlite:///unused", "x", Path("."), "steps")
-    said = report.headline_check(study, "long_horizon")
+    said = claims.headline_check(study, "long_horizon")
     assert "the 1 runs of seeds added by experiments/headline/plan.yaml all descend from its commit" in said
     runs[1].tags["git_commit"] = "0" * 40  # a run older than the plan (not a commit of this repository)
-    assert "not all descend" in report.headline_check(study, "long_horizon")
-    assert report.headline_check(Study(runs[:1], pd.DataFrame(), "u", "x", Path("."), "steps"), "headline") == ""
+    assert "not all descend" in claims.headline_check(study, "long_horizon")
+    assert claims.headline_check(Study(runs[:1], pd.DataFrame(), "u", "x", Path("."), "steps"), "headline") == ""
