@@ -44,6 +44,8 @@ from gspo_study.paths import EXPERIMENTS
 
 PLAN = EXPERIMENTS / "frontier" / "plan_r.yaml"
 FIGURE = 17
+FIGURES = (17, 19, 20)  # the pilot, the decisive stage, the frozen router (experiments/figures.yaml); one section
+BASE_MINIBATCHES = 4  # the frontier's base (figure 13's settings)
 OBJ = "moe/route_obj"
 TIMING = ("compute/seconds", "perf/tokens_per_s")  # wall clock: the only numbers two identical runs may differ in
 
@@ -54,8 +56,8 @@ def load_plan(path: Path = PLAN) -> dict:
 
 @dataclass(frozen=True)
 class Cell:
-    """Where a run sits: `kind` "R" (a dose of route_noise, 0 included), "sham", "positive" or "frozen"; `dose` σ (the
-    frozen router's cell: its minibatches)."""
+    """Where a run sits: `kind` "R" (a dose of route_noise, 0 included), "sham", "positive", "frozen" (routers frozen)
+    or "minibatches" (the frozen cell's unfrozen twin); `dose` σ (the last two: the run's minibatches per step)."""
 
     kind: str
     dose: float
@@ -67,6 +69,8 @@ def cell(cfg) -> Cell:
         return Cell("positive", math.inf)
     if t.router_lr_scale == 0:
         return Cell("frozen", float(t.num_minibatches))
+    if t.num_minibatches != BASE_MINIBATCHES and t.route_noise == 0:
+        return Cell("minibatches", float(t.num_minibatches))
     return Cell("sham" if t.route_sham else "R", float(t.route_noise))
 
 
@@ -359,6 +363,7 @@ def _where(kind: str, dose: float) -> str:
         "positive": "positive control (random top-k)",
         "sham": f"sham σ {dose:g}",
         "frozen": f"frozen router, {dose:g} minibatches",
+        "minibatches": f"router trained, {dose:g} minibatches",
     }.get(kind, f"σ {dose:g}")
 
 

@@ -44,7 +44,7 @@ from analysis.stats import clopper_pearson
 from gspo_study.archive import draw_notice
 from gspo_study.config import ConfigError
 from gspo_study.run import run_key, sqlite_path
-from gspo_study.study import figure_configs, parse_seeds, run_config
+from gspo_study.study import figure_configs, figures, parse_seeds, run_config
 from gspo_study.tracking import git_commit
 
 METHOD = f"""Per-seed measures:
@@ -341,8 +341,11 @@ def _mechanism(scale: str, seeds: list[int] | None, overrides, frontier: dict[in
     from analysis import frontier as fr
     from analysis import mechanism
 
-    own = seeds if seeds is not None else parse_seeds(None, scale, mechanism.FIGURE)
-    study = load(figure_configs(mechanism.FIGURE, scale, own, tuple(overrides)))
+    configs = {}  # the stages' runs, each once (a run shared by two stages, e.g. dose 0, has one key)
+    for f in (f for f in mechanism.FIGURES if f"figure-{f}" in figures()):
+        own = seeds if seeds is not None else parse_seeds(None, scale, f)
+        configs.update({run_key(c): (r, c) for r, c in figure_configs(f, scale, own, tuple(overrides))})
+    study = load(list(configs.values()))
     plan = fr.load_plan()
     dead = [(s, fr.outcomes(s, plan, decisive=True)) for s in frontier.values() if s.runs]
     return mechanism.section(study, frontier=dead)

@@ -134,7 +134,7 @@ def test_figure_17_draws_in_range(tmp_path):
     assert "the plan's reading" in text and records["remedy_check"] and "Cause of death" in text
 
 
-@pytest.mark.parametrize("which", ["sham", "positive", "frozen", "R"])
+@pytest.mark.parametrize("which", ["sham", "positive", "frozen", "minibatches", "R"])
 def test_cells(which):
     from gspo_study.config import load_config
 
@@ -142,10 +142,12 @@ def test_cells(which):
         "sham": ["train.route_noise=0.3", "train.route_sham=true"],
         "positive": ["train.route_random=true"],
         "frozen": ["train.router_lr_scale=0", "train.num_minibatches=16"],
+        "minibatches": ["train.num_minibatches=16"],  # the frozen cell's twin: not dose 0
         "R": ["train.route_noise=0.1"],
     }[which]
     c = mechanism.cell(load_config("experiments/cpu/base.yaml", over))
-    assert c.kind == which and (c.dose == {"sham": 0.3, "positive": math.inf, "frozen": 16.0, "R": 0.1}[which])
+    want = {"sham": 0.3, "positive": math.inf, "frozen": 16.0, "minibatches": 16.0, "R": 0.1}[which]
+    assert c.kind == which and c.dose == want
 
 
 def test_a_comparison_never_mixes_numerics_versions():
