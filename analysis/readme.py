@@ -5,10 +5,10 @@
 Each document holds marked blocks, `<!-- BEGIN <name> -->` … `<!-- END <name> -->`; this script rewrites every
 one from `results/<scale>/REPORT.json` (the report's estimates and verdicts, `make report`), the figure CSVs and
 the shipped runs' own start and end times (`results/<scale>/study-runs.parquet`). The blocks of `MEASURED`
-(docs/RELIABILITY.md, docs/SCALE.md) and README's test time come from their measurements' JSON under results/ and
-the gpu scale's configs (benchmarks/). `make report` runs it at the CPU
-scale; `--check` exits 1 and names the block when a document differs from what the results say (the test
-`tests/test_readme.py` does the same, so a redraw that changes a number fails until the text follows)."""
+(docs/RELIABILITY.md, PERFORMANCE.md, SCALE.md, GPU.md) and README's test time come from their measurements'
+JSON under results/ and the gpu scale's configs (benchmarks/). `make report` runs it at the CPU scale; `--check`
+exits 1 and names the block when a document differs from what the results say (the test `tests/test_readme.py` does
+the same, so a redraw that changes a number fails until the text follows)."""
 
 from __future__ import annotations
 
@@ -464,7 +464,7 @@ def _bench_vllm(results: Path = ROOT / "results") -> str:
 
 
 def _bench_targets(results: Path = ROOT / "results") -> str:
-    """docs/RELIABILITY.md: issue 50's targets as `make bench` last read them (results/bench_targets.json)."""
+    """docs/PERFORMANCE.md: issue 50's targets as `make bench` last read them (results/bench_targets.json)."""
     targets = _script("targets")
     d = json.loads((results / "bench_targets.json").read_text())
     lines = ["| target | measured | bound | verdict |", "|---|---|---|---|"]
@@ -478,7 +478,7 @@ def _bench_targets(results: Path = ROOT / "results") -> str:
 
 
 def _bench_ab(results: Path = ROOT / "results") -> str:
-    """docs/RELIABILITY.md: issue 50's before and after, one line per shape (results/bench_ab_<shape>.json,
+    """docs/PERFORMANCE.md: issue 50's before and after, one line per shape (results/bench_ab_<shape>.json,
     `python -m benchmarks.bench_ab`)."""
     lines = []
     for path in sorted(results.glob("bench_ab_*.json")):
@@ -497,19 +497,19 @@ def _bench_ab(results: Path = ROOT / "results") -> str:
 
 
 def _gpu_scale() -> str:
-    """docs/SCALE.md: per figure at the gpu scale, its runs, steps, estimated peak memory and time (its configs)."""
+    """docs/GPU.md: per figure at the gpu scale, its runs, steps, estimated peak memory and time (its configs)."""
     gpu_scale = _script("gpu_scale")
     return gpu_scale.table(gpu_scale.rows()) + "\n"
 
 
 def _gpu_model() -> str:
-    """docs/SCALE.md: the gpu scale's model, its sizes and its training state, from its preset."""
+    """docs/GPU.md: the gpu scale's model, its sizes and its training state, from its preset."""
     gpu_scale = _script("gpu_scale")
     return gpu_scale.model_sizes() + "\n"
 
 
 def _bench_trl(results: Path = ROOT / "results") -> str:
-    """docs/RELIABILITY.md: our RL step against TRL's (results/bench.json, `make bench`)."""
+    """docs/PERFORMANCE.md: our RL step against TRL's (results/bench.json, `make bench`)."""
     b = json.loads((results / "bench.json").read_text())
     r, f = b["ratios"], b["floor"]
     ours = [f["runs"][k]["efficiency"] for k in ("ours-gspo", "ours-grpo-r2")]
@@ -565,13 +565,10 @@ MEASURED = {
     ROOT / "docs" / "FRONTIER.md": {"calibration": _calibration},
     ROOT / "docs" / "LOG.md": {"log-index": _log_index},
     ROOT / "docs" / "METRICS.md": {"telemetry-subsample": _telemetry_subsample},
-    ROOT / "docs" / "RELIABILITY.md": {
-        "bench-memory": _bench_memory,
-        "bench-trl": _bench_trl,
-        "bench-targets": _bench_targets,
-        "bench-ab": _bench_ab,
-    },
-    ROOT / "docs" / "SCALE.md": {"gpu-model": _gpu_model, "gpu-scale": _gpu_scale, "bench-vllm": _bench_vllm},
+    ROOT / "docs" / "RELIABILITY.md": {"bench-memory": _bench_memory},
+    ROOT / "docs" / "PERFORMANCE.md": {"bench-trl": _bench_trl, "bench-targets": _bench_targets, "bench-ab": _bench_ab},
+    ROOT / "docs" / "SCALE.md": {"bench-vllm": _bench_vllm},
+    ROOT / "docs" / "GPU.md": {"gpu-model": _gpu_model, "gpu-scale": _gpu_scale},
 }
 
 

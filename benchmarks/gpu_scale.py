@@ -4,7 +4,7 @@ arithmetic every run is checked with before it is tracked), and an estimated tim
 
     python -m benchmarks.gpu_scale            # prints the table and the model's sizes
 
-docs/SCALE.md's `gpu-scale` and `gpu-model` blocks are this script's `table` and `model_sizes`, written there by
+docs/GPU.md's `gpu-scale` and `gpu-model` blocks are this script's `table` and `model_sizes`, written there by
 `python -m analysis.readme` with the docs' other numbers (tests/test_gpu_scale.py fails when they are stale).
 
 The time is an estimate, not a measurement (no GPU has been lent to this project): RL steps × SECONDS_PER_STEP
@@ -85,7 +85,7 @@ def table(data: list[dict]) -> str:
 
 
 def model_sizes(preset: str = MODEL) -> str:
-    """The model's shape and sizes, and its training state, in two sentences (docs/SCALE.md's `gpu-model` block)."""
+    """The model's shape and sizes, and its training state, in two sentences (docs/GPU.md's `gpu-model` block)."""
     from gspo_study.models.presets import active_params
 
     model = model_of(preset, None)

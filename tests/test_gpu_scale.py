@@ -1,4 +1,4 @@
-"""The gpu scale (experiments/gpu/): every figure's runs resolve to valid configs there, and docs/SCALE.md's sizes
+"""The gpu scale (experiments/gpu/): every figure's runs resolve to valid configs there, and docs/GPU.md's sizes
 — the model's parameters and the per-figure table of runs, steps, estimated peak memory and time — are the blocks
 analysis/readme.py writes from what `benchmarks/gpu_scale.py` computes from the configs (a config change that
 moves them fails until the docs follow)."""
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _blocks() -> dict[str, str]:
     from analysis import readme
 
-    return {m["name"]: m["body"] for m in readme.BLOCK.finditer((ROOT / "docs" / "SCALE.md").read_text())}
+    return {m["name"]: m["body"] for m in readme.BLOCK.finditer((ROOT / "docs" / "GPU.md").read_text())}
 
 
 def test_docs_gpu_scale_block_is_the_scripts():
@@ -26,7 +26,7 @@ def test_docs_gpu_scale_block_is_the_scripts():
 
 
 def test_docs_model_sizes_are_the_presets():
-    """docs/SCALE.md's `gpu-model` block is `model_sizes()`, whose numbers are the model's, counted here."""
+    """docs/GPU.md's `gpu-model` block is `model_sizes()`, whose numbers are the model's, counted here."""
     model = gpu_scale.model_of("qwen3-moe-mini", None)
     total, active = sum(p.numel() for p in model.parameters()), active_params(model.config)
     said = gpu_scale.model_sizes()

@@ -352,7 +352,7 @@ class TrainConfig:
     """Steps between checkpoints (0: only at the end)."""
     device: str = knob("auto", identity="never")  # like threads; the run's provenance.device tag says which
     """Where the torch backend's model runs: auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N; on CUDA an
-    fp32 model's training forwards run under bf16 autocast (docs/SCALE.md). Like threads, not part of a run's
+    fp32 model's training forwards run under bf16 autocast (docs/GPU.md). Like threads, not part of a run's
     identity; recorded as the run's provenance.device tag. DeepSpeed places each rank itself (auto only)."""
 
 
