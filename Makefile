@@ -105,7 +105,7 @@ calibrate: install
 # REPORT.md (+ REPORT.json); at the CPU scale, the README's and docs/FIGURES.md's result blocks written from them
 report: install
 	$(PY) -m analysis.report --scale $(SCALE) $(SEEDS_ARG) $(if $(FIGURE),--figure $(FIGURE)) $(OVERRIDES)
-	$(if $(and $(filter cpu,$(SCALE)),$(if $(FIGURE)$(SEEDS)$(OVERRIDES),,y)),$(PY) -m analysis.readme --scale cpu)
+	$(if $(and $(filter cpu,$(SCALE)),$(if $(FIGURE)$(SEEDS)$(OVERRIDES),,y)),$(PY) -m analysis.doc_blocks --scale cpu)
 
 # Speed and overhead measurements (not tests): routing-replay overhead, rollout and RL step vs TRL; the last line
 # prints issue 50's targets (benchmarks/targets.py), the whole command's wall time among them.

@@ -401,7 +401,7 @@ def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int |
         text = f"{head}\n{frontier}\n## How the numbers and verdicts are computed\n{method}"
     path.write_text(text)
     written = [path]
-    if figure is None:  # the same results as numbers, for text written from them (analysis/readme.py)
+    if figure is None:  # the same results as numbers, for text written from them (analysis/doc_blocks.py)
         records = path.with_suffix(".json")
         on = [claim_on(c, study, sweeps) for c in claims]
         records.write_text(json.dumps(as_records(claims, found, on), indent=1, allow_nan=False) + "\n")

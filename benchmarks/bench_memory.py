@@ -57,7 +57,7 @@ def one(overrides: list[str]) -> dict:
 
 
 def table(results: dict) -> str:
-    """The markdown table of docs/RELIABILITY.md's `bench-memory` block (written there by analysis/readme.py)."""
+    """The markdown table of docs/RELIABILITY.md's `bench-memory` block (written there by analysis/doc_blocks.py)."""
     lines = ["| overrides (4-layer CPU cold start) | measured | estimated | error |", "|---|---|---|---|"]
     for c in results["cases"]:
         lines.append(

@@ -5,7 +5,7 @@ arithmetic every run is checked with before it is tracked), and an estimated tim
     python -m benchmarks.gpu_scale            # prints the table and the model's sizes
 
 docs/GPU.md's `gpu-scale` and `gpu-model` blocks are this script's `table` and `model_sizes`, written there by
-`python -m analysis.readme` with the docs' other numbers (tests/test_gpu_scale.py fails when they are stale).
+`python -m analysis.doc_blocks` with the docs' other numbers (tests/test_gpu_scale.py fails when they are stale).
 
 The time is an estimate, not a measurement (no GPU has been lent to this project): RL steps × SECONDS_PER_STEP
 plus evaluations × SECONDS_PER_EVAL, both assumed for the 48-layer miniature on one H200, where the step is

@@ -6,7 +6,7 @@
 
 It adds the clone to `clean_clones` (its test time: the report's, its total: N, both environments built) and sets
 `per_file_s` (each test file's seconds, summed over its tests), which orders the files on the two pytest workers
-(tests/conftest.py). README's `test-time` block is written from the file by analysis/readme.py.
+(tests/conftest.py). README's `test-time` block is written from the file by analysis/doc_blocks.py.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     clone = {"commit": args.commit, "tests_s": round(tests_s), "total_s": round(args.total_s)}
     new = {"measured": date.today().isoformat(), "machine": args.machine, "clean_clones": [*same, clone]}
     TIMES.write_text(json.dumps({**new, "per_file_s": files}, indent=2) + "\n")
-    print(f"{TIMES.relative_to(ROOT)}: {clone}; rewrite the README with python -m analysis.readme")
+    print(f"{TIMES.relative_to(ROOT)}: {clone}; rewrite the README with python -m analysis.doc_blocks")
     return 0
 
 

@@ -1,5 +1,5 @@
 """README.md and docs/FIGURES.md quote the shipped study, never typed-in numbers: their marked blocks are what
-analysis/readme.py writes from results/cpu (REPORT.json, the figure CSVs, the shipped runs' timings), README's
+analysis/doc_blocks.py writes from results/cpu (REPORT.json, the figure CSVs, the shipped runs' timings), README's
 prose outside them holds no result number, and the README stays a five-minute read."""
 
 from __future__ import annotations
@@ -8,29 +8,29 @@ import re
 
 import pytest
 
-from analysis import readme
+from analysis import doc_blocks
 
-README = readme.ROOT / "README.md"
+README = doc_blocks.ROOT / "README.md"
 NUMBER = re.compile(r"(?<![\w.])[−-]?\d+(?:\.\d+)?\s?(?:%|×)|(?<![\w.])[−-]?\d*\.\d+(?![\w.])")
 ALLOWED = {"2507.18071", "95 %"}  # the paper's arXiv id; the intervals' level
 
 
 def _prose(text: str) -> str:
     """`text` without its marked blocks, code fences and inline code (commands may hold numbers)."""
-    text = readme.BLOCK.sub("", text)
+    text = doc_blocks.BLOCK.sub("", text)
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     return re.sub(r"`[^`]*`", "", text)
 
 
 @pytest.fixture(scope="module")
 def found():
-    return readme.blocks()
+    return doc_blocks.blocks()
 
 
 def test_blocks_are_what_the_shipped_results_say(found):
-    assert readme.stale(found=found) == [], "run: python -m analysis.readme"
-    for path in readme.DOCS:
-        names = {m["name"] for m in readme.BLOCK.finditer(path.read_text())}
+    assert doc_blocks.stale(found=found) == [], "run: python -m analysis.doc_blocks"
+    for path in doc_blocks.DOCS:
+        names = {m["name"] for m in doc_blocks.BLOCK.finditer(path.read_text())}
         assert names and names <= found.keys(), path
 
 
@@ -44,16 +44,16 @@ def test_a_changed_number_is_caught(found, tmp_path, monkeypatch):
     """`stale` (what `--check` and the test above run) names the document when one digit of a block differs from
     the results, whether the text was typed over or the results moved, and nothing while they agree."""
     text = README.read_text()
-    block = next(m for m in readme.BLOCK.finditer(text) if re.search(r"\d", m["body"]))
-    monkeypatch.setattr(readme, "ROOT", tmp_path)
-    monkeypatch.setattr(readme, "DOCS", (tmp_path / "README.md",))
+    block = next(m for m in doc_blocks.BLOCK.finditer(text) if re.search(r"\d", m["body"]))
+    monkeypatch.setattr(doc_blocks, "ROOT", tmp_path)
+    monkeypatch.setattr(doc_blocks, "DOCS", (tmp_path / "README.md",))
     (tmp_path / "README.md").write_text(text)
-    assert readme.stale(found=found) == []
-    assert readme.stale(found={**found, block["name"]: _bumped(found[block["name"]])}) == ["README.md"]
+    assert doc_blocks.stale(found=found) == []
+    assert doc_blocks.stale(found={**found, block["name"]: _bumped(found[block["name"]])}) == ["README.md"]
     (tmp_path / "README.md").write_text(_bumped(text, block.start("body")))
-    assert readme.stale(found=found) == ["README.md"]
+    assert doc_blocks.stale(found=found) == ["README.md"]
     with pytest.raises(KeyError, match="unknown block 'typo'"):
-        readme.rewrite("<!-- BEGIN typo -->\nx\n<!-- END typo -->", found)
+        doc_blocks.rewrite("<!-- BEGIN typo -->\nx\n<!-- END typo -->", found)
 
 
 def test_readme_prose_holds_no_result_number():
@@ -64,7 +64,7 @@ def test_readme_prose_holds_no_result_number():
 def test_readme_is_a_five_minute_read():
     text = README.read_text()
     prose = _prose(text)
-    words = len(re.findall(r"\w+", readme.BLOCK.sub("", text)))
+    words = len(re.findall(r"\w+", doc_blocks.BLOCK.sub("", text)))
     assert len(text.splitlines()) <= 150 and words <= 1500, (len(text.splitlines()), words)
     running = "\n".join(ln for ln in prose.splitlines() if not ln.startswith(("|", "#")))  # tables, headings
     sentences = [s for s in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", running)) if s.strip()]
@@ -91,9 +91,9 @@ def test_frontier_lines_quote_the_frontier_section():
         ],
         "decisive_doses": {"V": 300.0, "M": None},
     }
-    v = readme._frontier_line(13, records)
+    v = doc_blocks._frontier_line(13, records)
     assert "(GRPO (no replay) / GRPO + R2 / GSPO): 1: 1/8 0/8 0/8; 300: 8/8 2/8 0/8" in v and "0.001: 2/2" in v
-    d = readme._frontier_line(15, records)
+    d = doc_blocks._frontier_line(15, records)
     assert d.startswith("axis V at 300: collapsed GRPO (no replay) 8/8, GRPO + R2 2/8, GSPO 0/8")
     assert "GRPO + R2 − GRPO 0.4 ±0.1 (n=8) → difference" in d and "axis M" not in d
 
@@ -113,12 +113,12 @@ def test_findings_state_the_frontier_at_its_decisive_doses():
         ],
         "decisive_doses": {"V": 300.0, "M": 0.3},
     }
-    text = readme._frontier_finding(records)
+    text = doc_blocks._frontier_finding(records)
     assert "Router lr ×300 moved 20 % of routing choices in the first update" in text
     assert "GRPO without replay collapsed in 7 of 8 runs, GRPO + R2 in 1 of 8" in text
     assert "Δ final pass@1 0.4 ±0.1 → difference" in text and text.count("\n") == 1  # one short sentence per axis
     assert "noise" not in text  # axis M has no remedy run and no comparison yet: no claim about it
-    assert readme._frontier_finding({**records, "decisive_doses": {}}) == readme._frontier_finding({}) == ""
+    assert doc_blocks._frontier_finding({**records, "decisive_doses": {}}) == doc_blocks._frontier_finding({}) == ""
 
 
 def _prose_sentences(text: str) -> list[str]:
@@ -140,7 +140,7 @@ def _prose_sentences(text: str) -> list[str]:
 def test_the_readme_keeps_its_budget_counting_what_its_blocks_print():
     """Issue 67: at most 1,500 words with the generated blocks, every prose sentence at most 40 words (one findings
     sentence once ran to 117)."""
-    text = (readme.ROOT / "README.md").read_text()
+    text = (doc_blocks.ROOT / "README.md").read_text()
     assert len(text.split()) <= 1500, len(text.split())
     long = [s for s in _prose_sentences(text) if len(s.split()) > 40]
     assert not long, long[0][:200]

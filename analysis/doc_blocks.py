@@ -1,6 +1,6 @@
 """The numbers of the docs, written from the shipped study and the measurements, never typed in.
 
-    python -m analysis.readme [--scale cpu] [--check]
+    python -m analysis.doc_blocks [--scale cpu] [--check]
 
 Each document holds marked blocks, `<!-- BEGIN <name> -->` … `<!-- END <name> -->`; this script rewrites every
 one from `results/<scale>/REPORT.json` (the report's estimates and verdicts, `make report`), the figure CSVs and
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         bad = stale(args.scale) + stale_measured()
         for path in bad:
-            print(f"stale: {path} (rewrite it with python -m analysis.readme)")
+            print(f"stale: {path} (rewrite it with python -m analysis.doc_blocks)")
         return 1 if bad else 0
     found = blocks(args.scale)
     for path in DOCS:
