@@ -248,7 +248,38 @@ def _write(client, exp_id: str, row: dict) -> None:
     params = [Param(k, v) for k, v in row["params"].items()]
     for i in range(0, len(params), PARAM_BATCH):
         _retry(client.log_batch, rid, params=params[i : i + PARAM_BATCH])
-    metrics = [Metric(m["key"], m["value"], m["timestamp"], m["step"]) for m in row["metrics"]]
-    for i in range(0, len(metrics), METRIC_BATCH):
-        _retry(client.log_batch, rid, metrics=metrics[i : i + METRIC_BATCH])
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    if type(store).__name__ == "SqlAlchemyStore":  # a local database: the history in one transaction
+        _retry(_bulk_metrics, store, rid, row["metrics"])
+    else:  # a tracking server: its REST API, in MLflow's batches
+        metrics = [Metric(m["key"], m["value"], m["timestamp"], m["step"]) for m in row["metrics"]]
+        for i in range(0, len(metrics), METRIC_BATCH):
+            _retry(client.log_batch, rid, metrics=metrics[i : i + METRIC_BATCH])
     _retry(client.set_terminated, rid, status=row["status"], end_time=row["end_time"])
+
+
+def _bulk_metrics(store, run_id: str, metrics: list[dict]) -> None:
+    """A run's whole metric history into a SQL store in one transaction, row for row what `log_batch` writes (the
+    same values after MLflow's own NaN / ±inf sanitising, duplicates dropped, and per key the latest value by
+    (step, timestamp, value), MLflow's rule) — without `log_batch`'s per-batch latest-value queries, which made an
+    import of the shipped study take 15 minutes."""
+    import sqlalchemy
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+
+    rows, latest, seen = [], {}, set()
+    for m in metrics:
+        is_nan, value = store.sanitize_metric_value(float(m["value"]))
+        r = dict(run_uuid=run_id, key=m["key"], value=value, timestamp=int(m["timestamp"]), step=int(m["step"]),
+                 is_nan=is_nan)  # fmt: skip
+        ident = (r["key"], r["timestamp"], r["step"], r["value"], is_nan)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        rows.append(r)
+        best = latest.get(r["key"])
+        if best is None or (r["step"], r["timestamp"], r["value"]) > (best["step"], best["timestamp"], best["value"]):
+            latest[r["key"]] = r
+    with store.ManagedSessionMaker(read_only=False) as session:
+        if rows:
+            session.execute(sqlalchemy.insert(SqlMetric.__table__), rows)
+            session.execute(sqlalchemy.insert(SqlLatestMetric.__table__), list(latest.values()))

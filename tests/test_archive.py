@@ -246,3 +246,38 @@ def test_figure_pages_list_exactly_their_runs_matched_by_run_key(tmp_path):
     tagged = {r.data.tags["run_key"]: r.data.tags["figures"] for r in client.search_runs([exp.experiment_id])}
     assert ",1," in tagged[keys[1]] and not {",15,", ",17,"} & {f",{n}," for n in tagged[keys[1]].split(",")}
     assert ",15," in tagged[keys[17]] and ",17," in tagged[keys[17]] and ",1," not in tagged[keys[17]]
+
+
+def test_the_bulk_import_writes_what_log_batch_writes(tmp_path):
+    """A local store takes a run's history in one transaction (`archive._bulk_metrics`); it must hold what MLflow's
+    `log_batch` stores: NaN and ±inf sanitised as MLflow does, a repeated point once, and per key the latest value by
+    (step, timestamp, value) however the history is ordered."""
+    import math
+
+    from mlflow.entities import Metric
+
+    from gspo_study.archive import _bulk_metrics
+
+    history = [
+        dict(key="a", value=1.5, timestamp=10, step=2),
+        dict(key="a", value=0.5, timestamp=11, step=1),  # later in time, earlier in steps: not the latest
+        dict(key="a", value=1.5, timestamp=10, step=2),  # the same point twice
+        dict(key="b", value=math.nan, timestamp=5, step=0),
+        dict(key="b", value=math.inf, timestamp=6, step=3),
+        dict(key="c", value=-math.inf, timestamp=7, step=4),
+        dict(key="c", value=2.0, timestamp=7, step=4),  # same step and time: the larger value is the latest
+    ]
+    seen = {}
+    for how in ("bulk", "log_batch"):
+        client = MlflowClient(f"sqlite:///{tmp_path / how}.db")
+        rid = client.create_run(client.create_experiment("x")).info.run_id
+        if how == "bulk":
+            _bulk_metrics(client._tracking_client.store, rid, history)
+        else:
+            client.log_batch(rid, metrics=[Metric(m["key"], m["value"], m["timestamp"], m["step"]) for m in history])
+        full = {
+            k: sorted((h.step, h.timestamp, repr(h.value)) for h in client.get_metric_history(rid, k)) for k in "abc"
+        }
+        seen[how] = (full, client.get_run(rid).data.metrics)
+    assert seen["bulk"] == seen["log_batch"]
+    assert seen["bulk"][1]["a"] == 1.5 and seen["bulk"][1]["c"] == 2.0 and len(seen["bulk"][0]["a"]) == 2
