@@ -1,38 +1,52 @@
 """import-study's metric write timed both ways, alternating, each into a fresh sqlite store: MLflow's `log_batch` in
 its batches (the path before the bulk write, still the path to a tracking server) against `archive._bulk_metrics`.
 
-    python -m benchmarks.bench_import N REPS    # the N runs of the shipped CPU archive with the longest histories
+    python -m benchmarks.bench_import [--runs N] [--reps R]   # the N shipped CPU runs with the longest histories
 """
 
-import sys
+from __future__ import annotations
+
+import argparse
 import tempfile
 import time
 from pathlib import Path
 
-from mlflow.entities import Metric
-
-import gspo_study.archive as A
+import gspo_study.archive as archive
 from gspo_study.archive import import_study, read_archive, write_archive
 
-n = int(sys.argv[1])
-rows = read_archive(Path(__file__).resolve().parents[1] / "results" / "cpu" / "study-runs.parquet")
-rows = sorted(rows, key=lambda r: -len(r["metrics"]))[:n]
-print("runs", len(rows), "metric points", sum(len(r["metrics"]) for r in rows))
-src = Path(tempfile.mkdtemp()) / "some.parquet"
-write_archive(rows, src)
-orig = A._bulk_metrics
+SHIPPED = Path(__file__).resolve().parents[1] / "results" / "cpu" / "study-runs.parquet"
 
 
-def old(store, rid, metrics):  # what _write did before: log_batch in MLflow's batches
+def log_batch(store, run_id: str, metrics: list[dict]) -> None:
+    """What the import did before the bulk write: MLflow's `log_batch`, in its batches."""
+    from mlflow.entities import Metric
+
     ms = [Metric(m["key"], m["value"], m["timestamp"], m["step"]) for m in metrics]
-    for i in range(0, len(ms), A.METRIC_BATCH):
-        store.log_batch(rid, metrics=ms[i : i + A.METRIC_BATCH], params=[], tags=[])
+    for i in range(0, len(ms), archive.METRIC_BATCH):
+        store.log_batch(run_id, metrics=ms[i : i + archive.METRIC_BATCH], params=[], tags=[])
 
 
-for rep in range(int(sys.argv[2])):
-    for name, fn in (("log_batch", old), ("bulk", orig)):
-        A._bulk_metrics = fn
-        d = tempfile.mkdtemp()
-        t = time.perf_counter()
-        done, uri = import_study("cpu", (f"results_dir={d}",), src)
-        print(name, rep, f"{time.perf_counter() - t:.1f} s", done)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=8)
+    p.add_argument("--reps", type=int, default=2)
+    args = p.parse_args(argv)
+    rows = sorted(read_archive(SHIPPED), key=lambda r: -len(r["metrics"]))[: args.runs]
+    print(f"{len(rows)} runs, {sum(len(r['metrics']) for r in rows)} metric points")
+    src = Path(tempfile.mkdtemp()) / "some.parquet"
+    write_archive(rows, src)
+    bulk = archive._bulk_metrics
+    try:
+        for rep in range(args.reps):
+            for name, write in (("log_batch", log_batch), ("bulk", bulk)):
+                archive._bulk_metrics = write
+                t = time.perf_counter()
+                done, _ = import_study("cpu", (f"results_dir={tempfile.mkdtemp()}",), src)
+                print(f"{name} {rep}: {time.perf_counter() - t:.1f} s ({done.added} runs)")
+    finally:
+        archive._bulk_metrics = bulk
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
