@@ -125,13 +125,19 @@ bench: install
 
 # The prepared GPU check (benchmarks/gpu_check.py; <= 8 min on one CUDA GPU, results.json + summary.txt in GPU_OUT):
 # the HF engine and GSPO / GRPO (none, R2, R3) on a 48-layer, 128-expert, top-8 miniature in bf16, routing volatility per
-# update, the vLLM GPU tests when vllm imports. gpu-bundle: the wheels it needs besides torch (gpu_bundle/, ~45 MiB),
-# for a GPU machine with Python GPU_PYTHON, torch and no network; benchmarks/gpu_check.sh installs them there.
-.PHONY: gpu-bundle gpu-check
+# update, the suite's own sft / train / figure / report commands, the vLLM GPU tests when vllm imports. gpu-bundle: what
+# the suite needs besides the GPU image's torch, numpy, pandas, matplotlib, seaborn, pyarrow and scipy, MLflow included
+# (gpu_bundle/site.tar.xz, ~24 MiB), for Python GPU_PYTHON with no network; benchmarks/gpu_check.sh unpacks it there.
+# gpu-bundle-proof: that install path on this CPU, in a fresh Python 3.12 environment holding only the image's
+# packages, with the network cut off (benchmarks/gpu_bundle_proof.sh; needs root for `unshare -n`).
+.PHONY: gpu-bundle gpu-bundle-proof gpu-check
 GPU_OUT ?= results/gpu_check
 GPU_PYTHON ?= 3.12
 gpu-bundle: install
 	$(PY) -m benchmarks.gpu_bundle --dest gpu_bundle --python-version $(GPU_PYTHON)
+
+gpu-bundle-proof:
+	bash benchmarks/gpu_bundle_proof.sh
 
 gpu-check:
 	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash benchmarks/gpu_check.sh $(GPU_OUT)

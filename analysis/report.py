@@ -44,7 +44,7 @@ from analysis.stats import clopper_pearson
 from gspo_study.archive import draw_notice
 from gspo_study.config import ConfigError
 from gspo_study.run import run_key, sqlite_path
-from gspo_study.study import figure_configs, figures, parse_seeds, run_config
+from gspo_study.study import drawn_at, figure_configs, figures, parse_seeds, run_config
 from gspo_study.tracking import git_commit
 
 METHOD = f"""Per-seed measures:
@@ -134,10 +134,13 @@ def results(study: Study, sweeps: dict[int, Study], claims=None) -> list[Result]
     for c in CLAIMS if claims is None else claims:
         if c.figure is not None:
             sweep = sweeps[c.figure]
+            if sweep is None:
+                out.append(Result(f"figure {c.figure} has no runs at this scale", otherwise=Verdict.NOT_RUN))
+                continue
             if not sweep.runs:
                 out.append(Result(f"missing: all runs of figure {c.figure}", otherwise=Verdict.NOT_RUN))
                 continue
-            others = {f: sweeps[f] for f in c.also if f in sweeps}
+            others = {f: sweeps[f] for f in c.also if sweeps.get(f) is not None}
             out.append(checked(c, c.measure(sweep, others) if c.also else c.measure(sweep)))
             continue
         gone = [r for r in c.runs if r in absent]
@@ -173,7 +176,7 @@ class On:
 def claim_on(c: Claim, study: Study, sweeps: dict[int, Study]) -> On:
     """Which runs claim `c` is measured on (a sweep's every run, or the claim's own runs), from their configs."""
     if c.figure is not None:
-        rs = sweeps[c.figure].runs if c.figure in sweeps else []
+        rs = sweeps[c.figure].runs if sweeps.get(c.figure) is not None else []
     else:
         rs = [r for r in study.runs if r.run in c.runs]
     tidy = lambda xs: tuple(sorted(set(xs)))  # noqa: E731
@@ -289,7 +292,7 @@ def render(
     found: list[Result] | None = None,
     per_figure: dict[int, list[int]] | None = None,
 ) -> str:
-    runs = [*study.runs, *(r for sweep in sweeps.values() for r in sweep.runs)]
+    runs = [*study.runs, *(r for sweep in sweeps.values() if sweep is not None for r in sweep.runs)]
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs}) or ["(no runs)"]
     claims = CLAIMS if figure is None else [c for c in CLAIMS if c.figure == figure]
     found = results(study, sweeps, claims) if found is None else found
@@ -327,12 +330,12 @@ def _frontier(scale: str, seeds: list[int] | None, overrides) -> tuple[str, dict
     from analysis.frontier import FIGURES, section
 
     studies, planned = {}, set()
-    for f in FIGURES:
+    for f in (f for f in FIGURES if drawn_at(f, scale)):  # the frontier runs at the smoke and cpu scales
         own = seeds if seeds is not None else parse_seeds(None, scale, f)
         configs = figure_configs(f, scale, own, tuple(overrides))
         planned |= {run_key(c) for _, c in configs}  # a run shared by both figures (dose 0) is planned once
         studies[f] = load(configs)
-    return (*section(studies, planned=len(planned)), studies)
+    return (*section(studies, planned=len(planned)), studies) if studies else ("", {}, {})
 
 
 def _mechanism(scale: str, seeds: list[int] | None, overrides, frontier: dict[int, Study]) -> tuple[str, dict]:
@@ -342,9 +345,11 @@ def _mechanism(scale: str, seeds: list[int] | None, overrides, frontier: dict[in
     from analysis import mechanism
 
     configs = {}  # the stages' runs, each once (a run shared by two stages, e.g. dose 0, has one key)
-    for f in (f for f in mechanism.FIGURES if f"figure-{f}" in figures()):
+    for f in (f for f in mechanism.FIGURES if f"figure-{f}" in figures() and drawn_at(f, scale)):
         own = seeds if seeds is not None else parse_seeds(None, scale, f)
         configs.update({run_key(c): (r, c) for r, c in figure_configs(f, scale, own, tuple(overrides))})
+    if not configs:
+        return "", {}
     study = load(list(configs.values()))
     plan = fr.load_plan()
     dead = [(s, fr.outcomes(s, plan, decisive=True)) for s in frontier.values() if s.runs]
@@ -356,6 +361,8 @@ def _dppo(scale: str, seeds: list[int] | None, overrides) -> tuple[str, dict]:
     DPPO run finished."""
     from analysis import dppo
 
+    if not drawn_at(dppo.FIGURE, scale):
+        return "", {}
     own = seeds if seeds is not None else parse_seeds(None, scale, dppo.FIGURE)
     return dppo.section(load(figure_configs(dppo.FIGURE, scale, own, tuple(overrides))))
 
@@ -375,17 +382,23 @@ def make_report(scale: str, seeds: list[int] | None, overrides=(), figure: int |
     runs = list(dict.fromkeys(r for c in claims for r in c.runs))
     figs = {c.figure for c in claims if c.figure is not None} | {f for c in claims for f in c.also}
     per_figure = {f: given if given is not None else parse_seeds(None, scale, f) for f in figs}
-    sweeps = {f: load(figure_configs(f, scale, per_figure[f], tuple(overrides))) for f in sorted(figs)}
+    if figure is not None and not drawn_at(figure, scale):
+        raise ConfigError(f"bad figure {figure} at scale {scale!r}; allowed: a scale its sweep lists")
+    sweeps = {  # None: the figure has no runs at this scale (its sweep lists others)
+        f: load(figure_configs(f, scale, per_figure[f], tuple(overrides))) if drawn_at(f, scale) else None
+        for f in sorted(figs)
+    }
+    found_sweeps = [w for w in sweeps.values() if w is not None]
     study = (
         load([(r, run_config(scale, r, s, tuple(overrides))) for r in runs for s in seeds]) if runs else sweeps[figure]
     )
     path = study.out_dir / ("REPORT.md" if figure is None else f"REPORT-figure-{figure}.md")
-    if not study.runs and not any(s.runs for s in sweeps.values()):  # e.g. a fresh clone: no store shipped
+    if not study.runs and not any(s.runs for s in found_sweeps):  # e.g. a fresh clone: no store shipped
         raise ConfigError(
             f"no tracked runs of scale {scale!r} (seeds {', '.join(map(str, seeds))}) in {study.uri}; train them "
             f"first (make reproduce-figure-N SCALE={scale}); {path} is left as it is"
         )
-    used = {run_key(r.cfg): r.tags for r in [*study.runs, *(r for w in sweeps.values() for r in w.runs)]}
+    used = {run_key(r.cfg): r.tags for r in [*study.runs, *(r for w in found_sweeps for r in w.runs)]}
     note = draw_notice(study.out_dir, used, f"the {scale} report")
     if note:  # another machine or library draw than the shipped study's: say so, in one line
         print(note)

@@ -508,7 +508,7 @@ def part_deepspeed(state: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- the suite
-SUITE_RUNS = ("gspo", "grpo_r2")  # experiments/runs/<name>.yaml, trained by `python -m gspo_study train`
+SUITE_RUNS = ("gspo", "grpo_r2", "grpo")  # figure 1's and 3's arms, trained by `python -m gspo_study train`
 # --tiny trains the one with replay (the other is the same command) and a shorter smoke cold start for the figure:
 # the CPU test of this part is the suite's longest test, and its time is process start-ups
 TINY_SUITE_RUNS = ("grpo_r2",)
@@ -627,6 +627,17 @@ def part_suite(state: dict) -> dict:
         moved = changed > 0 or out[run]["steps_with_signal"] == 0
         if not (out[run]["params_on_device"] and moved and out[run]["metrics_finite"]):
             raise RuntimeError(f"{run}: {out[run]}")
+    if state.get("report"):  # figure 1 and the REPORT at the gpu scale, from the runs just trained
+        over = [*common, *train, f"init_checkpoint={ckpt}", f"tracking.uri={store}"]
+        seeds = ["--scale", "gpu", "--seeds", str(state["seed"])]
+        py = [sys.executable, "-m"]
+        _, out["figure_1_gpu_s"] = _suite([*py, "analysis.figures", "--figure", "1", *seeds, "--partial", *over],
+                                          check.left(), make=True)  # fmt: skip
+        _, out["report_gpu_s"] = _suite([*py, "analysis.report", *seeds, *over], check.left(), make=True)
+        drawn = (root / "gpu").iterdir() if (root / "gpu").is_dir() else ()
+        out["gpu_outputs"] = sorted(f.name for f in drawn if f.name.startswith("figure-1.") or f.name == "REPORT.md")
+        if not {"figure-1.png", "REPORT.md"} <= set(out["gpu_outputs"]):
+            raise RuntimeError(f"figure 1 / REPORT.md at the gpu scale not written under {root / 'gpu'}")
     figure = check.out / "figure-1"
     over = f"train.device={device.type} results_dir={figure} tracking.uri=sqlite:///{figure}/mlflow.db train.steps=2"
     over += " sft.steps=50" if tiny else ""
@@ -691,6 +702,12 @@ def summary(results: dict) -> str:
             f"suite: sft {suite['sft_s']:.0f} s; train on {suite[suite['runs'][0]]['provenance_device']} "
             f"({suite[suite['runs'][0]]['provenance_precision']}): {runs}; make reproduce-figure-1 SCALE=smoke "
             f"{suite['reproduce_figure_1_s']:.0f} s"
+            + (
+                f"; figure 1 and REPORT.md at the gpu scale from those runs {suite['figure_1_gpu_s']:.0f} s and "
+                f"{suite['report_gpu_s']:.0f} s"
+                if "report_gpu_s" in suite
+                else ""
+            )
         )
     return "\n".join(lines) + "\n"
 
@@ -703,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="4 layers, 8 experts: the CPU test of this script")
     p.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget; RL runs shorten to fit")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--suite-report", action="store_true", help="with --tiny: also draw figure 1 and write REPORT.md "
+                   "at the gpu scale from the trained runs (on a GPU always)")  # fmt: skip
     p.add_argument("--vllm-python", help="interpreter with vLLM for the server part (default: this one)")
     p.add_argument("--experts", default="grouped_mm_index", help="experts kernel tried first")
     p.add_argument("--lr", type=float, help="RL learning rate (default: 1e-4 for the miniature, as the CPU study)")
@@ -721,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = dict(SIZES[shape])
     sizes.update({k: v for k, v in (("lr", args.lr), ("rl_steps", args.rl_steps)) if v is not None})
     state = dict(device=device, shape=shape, sizes=sizes, seed=args.seed, check=check)
+    state["report"] = not args.tiny or args.suite_report
     check.part("env", part_env, device)
     check.results["env"]["sizes"] = sizes
     state["experts"], tried = pick_experts_kernel(shape, device, args.experts)

@@ -78,6 +78,13 @@ def run_config(
     return load_config([scale_base(scale, experiments), run_file], [f"seed={seed}", *overrides])
 
 
+def drawn_at(figure: str | int, scale: str) -> bool:
+    """Whether figure N has runs at `scale`: a figure without a sweep runs at every scale, one with a sweep at the
+    scales it lists (the frontier's stages at smoke and cpu only)."""
+    sweep = figure_spec(figure).get("sweep")
+    return not sweep or scale in sweep
+
+
 def sweep_cells(spec: dict, scale: str) -> list[tuple[str, ...]]:
     """Every combination of a figure's `sweep: {<scale>: {key: [values]}}` as `key=value` overrides
     ([()] for a figure without a sweep). A `cells: [{key: value, ...}, ...]` entry lists cells that are not a

@@ -239,11 +239,11 @@ def _empty_store() -> bytes:
 
 def _template_path() -> Path:
     """`$XDG_CACHE_HOME` (or ~/.cache) `/gspo_study/mlflow-<version>-empty.db`: keyed by MLflow's version, whose
-    migrations define the schema."""
-    from importlib.metadata import version
+    migrations define the schema (`mlflow.__version__`: the same whether `mlflow` or `mlflow-skinny` installed it)."""
+    import mlflow
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "gspo_study" / f"mlflow-{version('mlflow')}-empty.db"
+    return cache / "gspo_study" / f"mlflow-{mlflow.__version__}-empty.db"
 
 
 def _migrated_store() -> bytes:

@@ -143,17 +143,12 @@ def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_bundle_covers_what_the_check_imports():
-    pins = gpu_bundle.closure(gpu_bundle.ROOTS, "3.12")
-    for name in (
-        "transformers",
-        "tokenizers",
-        "safetensors",
-        "omegaconf",
-        "pyyaml",
-        "numpy",
-        "huggingface-hub",
-    ):
+def test_bundle_covers_what_the_suite_imports_and_leaves_the_image_alone():
+    image = frozenset(gpu_bundle.closure(gpu_bundle.PREINSTALLED, "3.12", prefixes=()))
+    pins = gpu_bundle.closure(gpu_bundle.ROOTS, "3.12", image | frozenset(gpu_bundle.UNUSED))
+    for name in ("transformers", "tokenizers", "safetensors", "omegaconf", "pyyaml", "huggingface-hub",
+                 "mlflow-skinny", "sqlalchemy", "alembic", "math-verify"):  # fmt: skip
         assert name in pins, name
     assert not any(n.startswith(("torch", "nvidia-")) for n in pins)
-    assert "mlflow" not in pins  # the check writes JSON; MLflow would not fit the 64 MiB carry
+    assert not {"numpy", "pandas", "matplotlib", "sympy", "jinja2"} & set(pins)  # the image's (torch's stack too)
+    assert not set(gpu_bundle.UNUSED) & set(pins) and "mlflow" not in pins  # skinny: no web UI (8 MiB)

@@ -33,3 +33,12 @@ def test_docs_model_sizes_are_the_presets():
     assert _blocks()["gpu-model"] == said + "\n", "run: python -m analysis.doc_blocks"
     assert f"{total / 1e6:.0f} M parameters, {active / 1e6:.1f} M of them active" in said
     assert f"is {18 * total / 1e9:.1f} GB" in said and f"{10 * 4 * total / 1e9:.1f} GB more at k = 8" in said
+
+
+def test_the_report_skips_what_a_scale_has_no_runs_of():
+    """The frontier's stages run at the smoke and cpu scales only: `make report SCALE=gpu` leaves their sections out
+    and a claim on a figure without runs there says "not run", instead of refusing the whole report."""
+    from gspo_study.study import drawn_at
+
+    assert drawn_at(1, "gpu") and drawn_at(11, "gpu") and not drawn_at(13, "gpu") and not drawn_at(18, "gpu")
+    assert not drawn_at(11, "paper") and drawn_at(13, "cpu")
