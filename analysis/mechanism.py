@@ -276,6 +276,23 @@ def verdict(summ: pd.DataFrame, comp: pd.DataFrame, plan: dict) -> tuple[str, st
     return "underpowered", "neither reading's conditions hold at the seeds finished"
 
 
+def frozen_reading(comp: pd.DataFrame, plan: dict) -> tuple[str, str]:
+    """The frozen stage's reading (plan_r.yaml, history of 2026-12-07): in the frozen-router cell, GRPO + R2 − GRPO
+    without replay paired by seed — "R2 matters through hidden-state drift alone" when its 95 % t-interval lies above 0
+    with a mean above δ, "R2 does not matter there" when equivalent within ±δ, else the comparison's own reading."""
+    margin, remedy = float(plan["margin"]), plan["remedy"]
+    row = comp[(comp.kind == "frozen") & (comp.arm == remedy)]
+    if row.empty:
+        return "not run", "no frozen-router cell has both arms yet"
+    r = row.iloc[0]
+    shown = _fmt(r.delta, r.lo, r.hi, int(r.n))
+    if r.lo > 0 and r.delta > margin:
+        return "R2 matters through hidden-state drift alone", f"Δ {shown}"
+    if str(r.reading).startswith("equivalent"):
+        return "R2 does not matter there", f"Δ {shown}, equivalent within ±{margin:g}"
+    return str(r.reading), f"Δ {shown}"
+
+
 # ------------------------------------------------------------------------------------------------ cause of death
 DEATH = {  # what the table shows, at the collapse step and over the PERSIST steps before it
     "reward": REWARD,
@@ -383,6 +400,7 @@ def section(
     early = runs_after_plan(new, commit) if commit != "unknown" and new else []
     check = remedy_check(study, plan)
     word, why = verdict(summ, comp, plan)
+    frozen = frozen_reading(comp, plan)
     margin, version = float(plan["margin"]), plan["collapse_rule"]["version"]
     lines = [
         f"## Axis R: routing noise inside the ratio, which only R2 removes (figure {FIGURE}; plan "
@@ -407,6 +425,7 @@ def section(
         f"- applied as planned: primary endpoint final held-out pass@1, δ = {margin:g}, collapse rule version "
         f"{version} (version 2's count beside it), comparisons paired by seed against GRPO without replay",
         f"- **the plan's reading: {word}** — {why}",
+        f"- the frozen router's reading (16 minibatches, routers at lr 0): **{frozen[0]}** — {frozen[1]}",
         "",
         "| cell | arm | reached in the ratio: routing's share of Var ℓ / flips per update (first update) / Var ℓ^pol | "
         "final pass@1 [95 % t] | final reward | collapsed v"
@@ -460,6 +479,8 @@ def section(
             runs_not_after_plan=early,
             reading=word,
             why=why,
+            frozen_reading=frozen[0],
+            frozen_why=frozen[1],
             remedy_check=check,
             summary=summ.to_dict("records"),
             comparisons=comp.to_dict("records"),
