@@ -284,13 +284,18 @@ def frozen_reading(comp: pd.DataFrame, plan: dict) -> tuple[str, str]:
     row = comp[(comp.kind == "frozen") & (comp.arm == remedy)]
     if row.empty:
         return "not run", "no frozen-router cell has both arms yet"
+    from scipy import stats
+
     r = row.iloc[0]
     shown = _fmt(r.delta, r.lo, r.hi, int(r.n))
+    if r.n < 2:
+        return "inconclusive", f"Δ {shown}"
     if r.lo > 0 and r.delta > margin:
         return "R2 matters through hidden-state drift alone", f"Δ {shown}"
-    if str(r.reading).startswith("equivalent"):
+    half1 = stats.t.ppf(0.95, r.n - 1) * r.sd / math.sqrt(r.n)  # the one-sided 95 % bounds' distance from the mean
+    if -margin < r.delta - half1 and r.delta + half1 < margin:
         return "R2 does not matter there", f"Δ {shown}, equivalent within ±{margin:g}"
-    return str(r.reading), f"Δ {shown}"
+    return ("underpowered" if (r.hi - r.lo) / 2 > margin else "inconclusive"), f"Δ {shown}"
 
 
 # ------------------------------------------------------------------------------------------------ cause of death

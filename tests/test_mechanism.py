@@ -159,3 +159,30 @@ def test_a_comparison_never_mixes_numerics_versions():
     runs[1].numerics = 2
     with pytest.raises(ConfigError, match="mix numerics versions .numerics 1: e.g. .*; numerics 2: e.g. "):
         check_numerics(runs)
+
+
+def test_the_frozen_stages_reading_can_be_reached_and_fail():
+    """Figure 20's cells: R2 ahead of GRPO by 0.1 in the frozen-router cell reads "matters"; the arms level reads
+    "does not matter there"; a gap of 0.045 (its interval above 0, its mean and one-sided bound across δ) reads
+    neither."""
+
+    def frozen(gap):
+        def outcome(cfg, run, seed):
+            ahead = run == "grpo_r2" and cfg.train.router_lr_scale == 0
+            jitter = {3: -0.015, 4: 0.015, 5: -0.005, 6: 0.005}[seed]  # the gap's spread over seeds (SD 0.013)
+            return None, 0.6 + 0.004 * seed + (gap + jitter if ahead else 0.0)
+
+        return outcome
+
+    seeds = [3, 4, 5, 6]
+    for gap, word in ((0.1, "R2 matters through hidden-state drift alone"), (0.0, "R2 does not matter there"),
+                      (0.045, "inconclusive")):  # fmt: skip
+        runs, rows = [], []
+        for i, (run, cfg) in enumerate(figure_configs(20, "cpu", seeds)):
+            runs.append(TrackedRun(run, cfg.seed, cfg, f"f{i}", {"git_commit": "0" * 40}))
+            rows += _history(f"f{i}", run, cfg.seed, *frozen(gap)(cfg, run, cfg.seed), 0.0)
+        frame = pd.DataFrame(rows, columns=["run", "label", "seed", "run_id", "step", "metric", "value", "flops"])
+        s = Study(runs, frame, "sqlite:///unused", "study-cpu", runs[0].cfg.out_dir, "steps")
+        out = mechanism.outcomes(s, PLAN)
+        assert set(out.kind) == {"frozen", "minibatches"}
+        assert mechanism.frozen_reading(mechanism.comparisons(out, PLAN), PLAN)[0] == word
