@@ -176,7 +176,7 @@ def _no_moe_checkpoint(path: Path) -> Path:
         (["tracking.uri=http://127.0.0.1:9"], "unreachable"),
         (["algo.routing_replay=r2", "init_checkpoint=NO_MOE"], "needs a model with MoE layers"),
         (["init_checkpoint=NOT_QWEN"], "Qwen3-MoE checkpoint"),
-        (["train.router_lr_scale=0"], "'train.router_lr_scale'; allowed: a number > 0"),
+        (["train.router_lr_scale=-1"], "'train.router_lr_scale'; allowed: a number >= 0"),
         (["sft.target_pass1=1.5"], "'sft.target_pass1'; allowed: null or a number in [0, 1]"),
         (["eval.num_prompts=100"], "held-out problems; lower eval.num_prompts"),
         (["results_dir=A_FILE"], "for 'results_dir'; allowed: a directory"),
