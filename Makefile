@@ -52,7 +52,8 @@ test: install
 # The inner loop: formulas against their references, config and identity, the routing primitives, the analysis on
 # synthetic runs and fixtures (no DeepSpeed, vLLM, MLflow server or browser); `make test` runs everything (CI).
 FAST_TESTS = test_objectives test_collapse test_stats test_report_rules test_correction test_config test_tasks \
-	test_models test_moe test_route_dose test_mechanism test_dppo_analysis test_frontier test_figure_drawing test_identity test_docs
+	test_models test_moe test_route_dose test_mechanism test_dppo_analysis test_frontier test_figure_drawing test_identity test_docs \
+	test_registry
 test-fast: install
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(FAST_TESTS:%=tests/%.py)
 

@@ -20,61 +20,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.registry import entries
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "FIGURES.md")
 BLOCK = re.compile(r"(<!-- BEGIN (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END (?P=name) -->)", re.S)
 
-# Which report rows each figure's line quotes (figure 5 is a view with no claim of its own; figure 4's line quotes
-# its own runs' volatility per step, while claim 5 is judged per update on figure 11's runs, so row 5 is there).
-FIGURE_CLAIMS = {
-    1: (1, 2),
-    2: (3,),
-    3: (4,),
-    4: (),
-    5: (),
-    6: (6,),
-    7: (12,),
-    8: (7,),
-    9: (8, 9, 10),
-    10: (11, 12),
-    11: (5, 13, 14, 15),
-    12: (),
-    13: (),  # the routing frontier: its lines quote REPORT.md's frontier section (FRONTIER.json), not a claim row
-    14: (),
-    15: (),
-    16: (),
-}
-WHAT = {
-    1: "GSPO vs GRPO + R2: reward and held-out pass@1 over training",
-    2: "clipped-token fraction, and per minibatch",
-    3: "GRPO with vs without routing replay",
-    4: "routing volatility per layer and over training",
-    5: "token- vs sequence-level ratio variance",
-    6: "§5.4: bf16 rollout log-probs vs recomputed π_old",
-    7: "R2 vs R3 under a bf16 rollout engine",
-    8: "learning rate × depth sweep of all three algorithms",
-    9: "how much of the ratio is routing, against policy lag",
-    10: "train–inference corrections (TIS, MIS, IcePop) beside the bypass and R3",
-    11: "300 steps under a bf16 rollout engine, five arms (GRPO ± R2, + R3, + R2 + IcePop, GSPO): collapse, volatility "
-    "per update, and claims 4 and 2",
-    12: "figure 11 at 8 minibatches per rollout batch (GRPO with and without R2)",
-    13: "the routing frontier, axis V (the pilot): router lr dialled past the paper's drift per update, with a "
-    "positive control",
-    14: "the routing frontier, axis M (the pilot): router-logit noise in the rollout engine alone, with a control of "
-    "matched k3 that moves no routing",
-    15: "the routing frontier's decisive stage: four arms, 8 paired seeds, at dose 0 and each axis's decisive dose",
-    16: "the routing frontier refined: axis V at router lr ×60, ×100 and ×170, between its last dose without collapse "
-    "and its first with every run collapsed (seeds 3–8)",
-}
-FRONTIER_AXES = {13: ("V", "positive"), 14: ("M", "control"), 15: ("V", "M"), 16: ("V",)}
-NO_CLAIM = {
-    5: "a view; no claim of its own",
-    12: "a probe at one seed: no interval, no verdict (docs/LOG.md)",
-    13: "not in the shipped report yet (docs/FRONTIER.md)",
-    14: "not in the shipped report yet (docs/FRONTIER.md)",
-    15: "not in the shipped report yet (docs/FRONTIER.md)",
-    16: "planned (experiments/frontier/plan.yaml, `refinement`); no run finished yet",
-}
+FIGURES = entries()  # each figure's lines: `what`, `short`, `claims`, `no_claim`, `frontier` (experiments/figures.yaml)
 
 
 def _g(x: float | None, digits: int = 3) -> str:
@@ -198,60 +150,30 @@ def _results_table(results: Path, records: dict[int, dict], walls: dict) -> str:
         "mean ±95 % half-width → verdict | runs, min each |",
         "|---|---|---|---|",
     ]
-    for n, claims in FIGURE_CLAIMS.items():
-        shown = "; ".join(_claim(records[c]) for c in claims if c in records)
+    for n, fig in FIGURES.items():
+        shown = "; ".join(_claim(records[c]) for c in fig.claims if c in records)
         if n == 4:
             shown = _figure_4(results)
         if n == 11 and 13 in records:
             shown += f"; {_other_arms(records[13])}"
-        if n in FRONTIER_AXES and (frontier := _frontier_records(results)):
+        if fig.frontier and (frontier := _frontier_records(results)):
             shown = _frontier_line(n, frontier)
         runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
         link = f"[{n}](results/cpu/figure-{n}.png)" if (results / f"figure-{n}.png").is_file() else str(n)
         wall = f"{runs}, {minutes:.0f} ({cpu})" if runs else "– (no run yet)"
-        lines.append(f"| {link} | {WHAT[n]} | {shown or NO_CLAIM[n]} | {wall} |")
+        lines.append(f"| {link} | {fig.what} | {shown or fig.no_claim} | {wall} |")
     return "\n".join(lines) + "\n"
-
-
-SHORT_WHAT = {  # the README's one line per figure (the detail: docs/FIGURES.md's `results-detail` block)
-    1: "GSPO vs GRPO + R2 over training",
-    2: "clipped-token fraction",
-    3: "GRPO with vs without replay",
-    4: "routing volatility",
-    5: "token vs sequence ratio variance",
-    6: "§5.4: bf16 rollout log-probs as π_old",
-    7: "R2 vs R3, bf16 rollout engine",
-    8: "lr × depth sweep",
-    9: "routing's share of the ratio vs policy lag",
-    10: "train–inference corrections",
-    11: "300 steps under a bf16 engine",
-    12: "figure 11 at 8 minibatches",
-    13: "frontier axis V (router lr), pilot",
-    14: "frontier axis M (rollout router noise), pilot",
-    15: "frontier, decisive stage",
-    16: "frontier axis V refined",
-    17: "axis R: routing noise inside the ratio",
-}
-
-
-SHORT_NO_CLAIM = {
-    4: "its own runs' volatility per step; claim 5 is judged per update on figure 11 (row 5)",
-    5: "a view; no claim of its own",
-    12: "a probe at one seed: no interval, no verdict",
-    17: "REPORT.md's axis-R section (its pilot: running)",
-}
 
 
 def _results_lines(results: Path, records: dict[int, dict]) -> str:
     """The README's results: one line per figure, each REPORT row it carries as its number and verdict."""
     lines = ["| figure | what | REPORT.md rows at the CPU scale (mean ±95 % half-width → verdict) |", "|---|---|---|"]
-    for n, what in SHORT_WHAT.items():
-        rows = [(c, _primary(records[c])) for c in FIGURE_CLAIMS.get(n, ()) if c in records and _primary(records[c])]
+    for n, fig in FIGURES.items():
+        rows = [(c, _primary(records[c])) for c in fig.claims if c in records and _primary(records[c])]
         shown = "; ".join(f"row {c}: {_estimate(e)} → {records[c]['verdict']}{_same(e)}" for c, e in rows)
-        if not shown:
-            shown = SHORT_NO_CLAIM.get(n, "REPORT.md's frontier section")
+        shown = shown or fig.no_claim
         link = f"[{n}](results/cpu/figure-{n}.png)" if (results / f"figure-{n}.png").is_file() else str(n)
-        lines.append(f"| {link} | {what} | {shown} |")
+        lines.append(f"| {link} | {fig.short} | {shown} |")
     return "\n".join(lines) + "\n"
 
 
@@ -270,7 +192,7 @@ def _frontier_line(figure: int, records: dict) -> str:
 
     summ, comp, plan = records["summary"], records["comparisons"], load_plan()
     parts = []
-    for axis in FRONTIER_AXES[figure]:
+    for axis in FIGURES[figure].frontier:
         rows = [r for r in summ if r["axis"] == axis]
         if figure == 15:  # at the axis's decisive dose (the plan's rule, recomputed by the REPORT)
             dose = (records.get("decisive_doses") or {}).get(axis)

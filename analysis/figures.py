@@ -36,6 +36,7 @@ from analysis.common import (
     reference,
     seed_stats,
 )
+from analysis.registry import Drawings
 from gspo_study.archive import draw_notice
 from gspo_study.config import ConfigError
 from gspo_study.run import run_key
@@ -306,11 +307,6 @@ def figure_9(s: Study) -> list[Panel]:
     return panels
 
 
-FIGURES = {1: figure_1, 2: figure_2, 3: figure_3, 4: figure_4, 5: figure_5, 6: figure_6, 7: figure_7}
-FIGURES[8] = figure_8
-FIGURES[9] = figure_9
-
-
 def finals(s: Study, metric: str, panel: str, last_interval: bool = False) -> pd.DataFrame:
     """One bar per run: the metric at each seed's last step (or, `last_interval`, averaged over the last
     evaluation interval, as the report's final reward), mean and t-interval over seeds."""
@@ -347,8 +343,6 @@ def figure_10(s: Study) -> list[Panel]:
     ]  # fmt: skip
 
 
-FIGURES[10] = figure_10
-
 LONG = {  # figure 11's panels: what the papers watch before a collapse (shared/COLLAPSE.md), per arm over training
     "a": (REWARD, "(a) training reward", "mean reward"),
     "b": (PASS1, "(b) held-out pass@1", "mean pass@1"),
@@ -368,10 +362,6 @@ def figure_11(s: Study) -> list[Panel]:
     ]
 
 
-FIGURES[11] = figure_11
-FIGURES[12] = figure_11  # the same panels at 8 minibatches per rollout batch
-
-
 def figure_13(s: Study) -> list[Panel]:
     """The routing frontier, axis V (analysis/frontier.py, experiments/frontier/plan.yaml)."""
     from analysis.frontier import panels
@@ -386,37 +376,8 @@ def figure_14(s: Study) -> list[Panel]:
     return panels(s, 14)
 
 
-def figure_15(s: Study) -> list[Panel]:
-    """The routing frontier's decisive stage: every arm at dose 0 and at each axis's decisive dose, 8 paired seeds."""
-    from analysis.frontier import decisive_panels
-
-    return decisive_panels(s)
-
-
-FIGURES[13] = figure_13
-FIGURES[14] = figure_14
-FIGURES[15] = figure_15
-FIGURES[16] = figure_15  # the refinement of axis V: the same panels (per dose: pass@1, collapsed, Δ vs GRPO; KM)
-
-
-def figure_17(s: Study) -> list[Panel]:
-    """Axis R: routing noise inside the ratio, which only R2 removes (analysis/mechanism.py, plan_r.yaml)."""
-    from analysis.mechanism import panels
-
-    return panels(s)
-
-
-FIGURES[17] = figure_17
-
-
-def figure_18(s: Study) -> list[Panel]:
-    """DPPO beside GRPO, GRPO + R2 and GSPO at the frontier's base and axis M's top dose (analysis/dppo.py)."""
-    from analysis.dppo import panels
-
-    return panels(s)
-
-
-FIGURES[18] = figure_18
+# Figures 15-20 are drawn by their studies' own modules (experiments/figures.yaml names each one's `draw`).
+FIGURES = Drawings()  # figure number → its panels function, from experiments/figures.yaml (analysis/registry.py)
 
 
 def _cat(*frames):

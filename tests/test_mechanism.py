@@ -10,7 +10,7 @@ import math
 import pandas as pd
 import pytest
 
-from analysis import mechanism
+from analysis import mechanism, mechanism_figures
 from analysis.common import PASS1, REWARD, Study, TrackedRun, draw
 from gspo_study.study import figure_configs
 
@@ -121,7 +121,7 @@ def test_figure_17_draws_in_range(tmp_path):
     ]
     pd.DataFrame(rows).to_csv(cal, index=False)
     s = study(r2_matters, seeds=[3, 4])
-    panels = mechanism.panels(s, PLAN, cal)
+    panels = mechanism_figures.panels(s, PLAN, cal)
     fig, drawn = draw(s, 17, "t", panels)
     shares = drawn[drawn.metric.isin([PASS1, "frontier/collapsed"])]
     assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
@@ -132,6 +132,32 @@ def test_figure_17_draws_in_range(tmp_path):
     assert survival.groupby("run").line.max().nunique() == survival.run.nunique()  # offset: no curve hides another
     text, records = mechanism.section(s, PLAN)
     assert "the plan's reading" in text and records["remedy_check"] and "Cause of death" in text
+
+
+def test_figure_20_draws_the_frozen_router_beside_its_trained_twin():
+    """Figure 20's cells built so that R2 matters with the routers frozen (GRPO 0.2 behind) and not with them trained:
+    panel (b) shows +0.2 and 0 with intervals (3 seeds), panel (c) the frozen cell's lower drift, and the plan's frozen
+    reading says so."""
+    drift = "moe/routing_volatility/per_update/overall"
+    runs, rows = [], []
+    for i, (run, cfg) in enumerate(figure_configs(20, "cpu", SEEDS)):
+        rid, frozen = f"r20-{i}", cfg.train.router_lr_scale == 0
+        runs.append(TrackedRun(run, cfg.seed, cfg, rid, {"git_commit": "0" * 40}))
+        final = (0.5 if run == "grpo" and frozen else 0.7) + 0.002 * cfg.seed
+        rows += _history(rid, run, cfg.seed, None, final, 0.0 if run == "grpo_r2" else 0.3)
+        rows += [(run, run, cfg.seed, rid, t, drift, 0.01 if frozen else 0.05, float(t)) for t in range(1, STEPS + 1)]
+    frame = pd.DataFrame(rows, columns=["run", "label", "seed", "run_id", "step", "metric", "value", "flops"])
+    s = Study(runs, frame, "sqlite:///unused", "study-cpu", runs[0].cfg.out_dir, "steps")
+    panels = mechanism_figures.frozen_panels(s, PLAN)
+    assert [p.title[:3] for p in panels] == ["(a)", "(b)", "(c)", "(d)"]
+    _, drawn = draw(s, 20, "t", panels)
+    delta = drawn[(drawn.metric == "eval/pass@1 difference") & (drawn.kind == "point") & (drawn.run == "grpo_r2")]
+    assert delta.sort_values("x").line.round(9).tolist() == [0.2, 0.0] and delta.band_lower.notna().all()
+    moved = drawn[drawn.metric == drift].sort_values("x")
+    assert moved.line.iloc[:3].max() < moved.line.iloc[3:].min()  # frozen (x≈0) below trained (x≈1), every arm
+    out = mechanism.outcomes(s, PLAN)
+    word, _ = mechanism.frozen_reading(mechanism.comparisons(out, PLAN), PLAN)
+    assert word == "R2 matters through hidden-state drift alone"
 
 
 @pytest.mark.parametrize("which", ["sham", "positive", "frozen", "minibatches", "R"])
