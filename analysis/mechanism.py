@@ -39,7 +39,6 @@ from analysis.stats import clopper_pearson, fisher_greater, paired_bootstrap
 from gspo_study.paths import EXPERIMENTS
 
 PLAN = EXPERIMENTS / "frontier" / "plan_r.yaml"
-FIGURE = 17
 FIGURES = (17, 19, 20)  # the pilot, the decisive stage, the frozen router (experiments/figures.yaml); one section
 BASE_MINIBATCHES = 4  # the frontier's base (figure 13's settings)
 OBJ = "moe/route_obj"
@@ -313,8 +312,8 @@ DEATH = {  # what the table shows, at the collapse step and over the PERSIST ste
 
 
 def cause_of_death(study: Study, out: pd.DataFrame, stage: str) -> pd.DataFrame:
-    """For every collapsed run of `out` (its `run_id`s in `study`): each signal at the collapse step and its mean over
-    the PERSIST steps before it (NaN where the run did not log it)."""
+    """For every collapsed run of `out` (its `run_id`s in `study`; a stand-in is its source run's row, not its own):
+    each signal at the collapse step and its mean over the PERSIST steps before it (NaN where not logged)."""
     rows = []
     stand_in = out.stand_in.astype(bool) if "stand_in" in out else pd.Series(False, index=out.index)
     for r in out[out.collapsed.astype(bool) & ~stand_in].itertuples():
@@ -323,6 +322,7 @@ def cause_of_death(study: Study, out: pd.DataFrame, stage: str) -> pd.DataFrame:
             arm=r.arm,
             seed=r.seed,
             cell=f"{r.kind} {r.dose:g}",
+            run_id=r.run_id,
             step=int(r.collapse_step),
             rule=r.collapse_rule,
         )
@@ -404,8 +404,8 @@ def section(
     frozen = frozen_reading(comp, plan)
     margin, version = float(plan["margin"]), plan["collapse_rule"]["version"]
     lines = [
-        f"## Axis R: routing noise inside the ratio, which only R2 removes (figure {FIGURE}; plan "
-        f"`experiments/frontier/plan_r.yaml` at {commit[:12]})",
+        "## Axis R: routing noise inside the ratio, which only R2 removes (figures "
+        f"{', '.join(map(str, FIGURES))}; plan `experiments/frontier/plan_r.yaml` at {commit[:12]})",
         "",
         f"- runs: {len(reused)} reused at dose 0 (the frontier's base, same run keys) and {len(new)} trained under "
         f"the plan; seeds {', '.join(map(str, sorted(out.seed.unique())))}"
@@ -460,11 +460,10 @@ def section(
             f"| {_where(r.kind, r.dose)} | {r.arm} | {_fmt(r.delta, r.lo, r.hi, r.n)} | {r.reading} | "
             f"{need or '–'} | {boot} | {r.grpo_collapsed} / {r.arm_collapsed} | {r.fisher_p:.3g} |"
         )
-    dead = cause_of_death(study, out, f"figure {FIGURE}")
+    dead = cause_of_death(study, out, "axis R")
     frames = [dead] + [cause_of_death(s, o.assign(kind=o.axis), "frontier") for s, o in frontier]
-    dead = (
-        pd.concat([d for d in frames if not d.empty], ignore_index=True) if any(not d.empty for d in frames) else dead
-    )
+    if any(not d.empty for d in frames):  # each run once: a run in two frontier figures, or standing in for another arm
+        dead = pd.concat([d for d in frames if not d.empty], ignore_index=True).drop_duplicates("run_id")
     lines += [
         "",
         f"Cause of death: every collapsed run, its signals at the collapse step and (in parentheses) their mean "
