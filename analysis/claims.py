@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import PASS1, REWARD, Study, label, mean_ci
+from analysis.aggregate import mean_ci
 from analysis.figures import PAPER_CLIP_FRAC, PAPER_VOLATILITY, lag_table, sweep_table
 from analysis.rules import (
     ALPHA,
@@ -38,6 +38,7 @@ from analysis.rules import (
     powered,
     training_mean,
 )
+from analysis.runs import PASS1, REWARD, Study, label
 from analysis.stats import fisher_greater, seeds_for_power
 
 # ------------------------------------------------------------------------------------------------ claims

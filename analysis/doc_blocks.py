@@ -187,8 +187,8 @@ def _frontier_line(figure: int, records: dict) -> str:
     """A frontier figure's line from REPORT.md's frontier section (FRONTIER.json): per axis and dose, each arm's
     collapsed count; for the decisive stage, each arm's paired Δ final pass@1 against GRPO without replay at the
     axis's decisive dose, with its half-width and reading."""
-    from analysis.common import label
     from analysis.frontier import arms_of, load_plan
+    from analysis.runs import label
 
     summ, comp, plan = records["summary"], records["comparisons"], load_plan()
     parts = []
@@ -200,8 +200,10 @@ def _frontier_line(figure: int, records: dict) -> str:
                 continue
             deltas = "; ".join(
                 f"{label(c['arm'])} − GRPO {_g(c['delta'])} ±{_g((c['hi'] - c['lo']) / 2, 2)} (n={c['n']}) → "
-                f"{c['reading']}" for c in comp if c["axis"] == axis and c["dose"] == dose
-            )  # fmt: skip
+                f"{c['reading']}"
+                for c in comp
+                if c["axis"] == axis and c["dose"] == dose
+            )
             down = ", ".join(f"{label(r['arm'])} {r['collapsed']}/{r['runs']}" for r in rows if r["dose"] == dose)
             parts.append(f"axis {axis} at {dose:g}: collapsed {down}; Δ final pass@1 {deltas}")
             continue
@@ -289,7 +291,7 @@ def _frontier_finding(frontier: dict) -> str:
     """The routing frontier from FRONTIER.json, one short sentence per axis at its decisive dose: what the dose did,
     GRPO without replay's and the remedy's collapsed counts, the remedy's paired Δ final pass@1 and its reading
     ('' before the decisive doses exist)."""
-    from analysis.common import label
+    from analysis.runs import label
 
     doses = frontier.get("decisive_doses") or {}
     remedy = {"V": "grpo_r2", "M": "grpo_r3"}

@@ -20,10 +20,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.common import Study, mean_ci
-from analysis.frontier import BASELINE, _plain, _row, plan_commit, runs_after_plan
+from analysis.aggregate import COLUMNS, csv_row, drawn_row, mean_ci
+from analysis.drawing import Panel
+from analysis.frontier import BASELINE, _plain, plan_commit, runs_after_plan
 from analysis.mechanism import run_row, summary
 from analysis.rules import seeds_needed
+from analysis.runs import Study, label
 from analysis.stats import equivalent, fisher_greater, one_sided_bounds, paired_bootstrap
 from gspo_study.paths import EXPERIMENTS
 
@@ -217,8 +219,6 @@ def section(study: Study, plan: dict | None = None) -> tuple[str, dict]:
 def panels(study: Study, plan: dict | None = None) -> list:
     """Figure 18: (a) final held-out pass@1 per arm at each cell [95 % t]; (b) DPPO − each arm, paired [95 % t], with
     the plan's margin ±δ; (c) the mismatch's cost per arm [95 % t]."""
-    from analysis.common import COLUMNS, Panel, csv_row, label
-
     plan = plan or load_plan()
     out = outcomes(study, plan)
     if out.empty:
@@ -226,21 +226,89 @@ def panels(study: Study, plan: dict | None = None) -> list:
     summ, comp = summary(out), comparisons(out, plan)
     cost, _ = mismatch(out, plan)
     margin, x = float(plan["margin"]), "rollout.router_noise"
-    rows = [_row("a", "bar", label(r.arm), r.arm, "eval/pass@1", x, r.dose, r.pass_final, max(r.pass_lo, 0.0),
-                 min(r.pass_hi, 1.0), int(r.n), step=r.dose) for r in summ.itertuples()]  # fmt: skip
-    result = [Panel(pd.DataFrame(rows, columns=COLUMNS), "(a) final held-out pass@1", "mean pass@1 (95 % t)",
-                    f"cell ({x})")]  # fmt: skip
+    rows = [
+        drawn_row(
+            "a",
+            "bar",
+            label(r.arm),
+            r.arm,
+            "eval/pass@1",
+            x,
+            r.dose,
+            r.pass_final,
+            max(r.pass_lo, 0.0),
+            min(r.pass_hi, 1.0),
+            int(r.n),
+            step=r.dose,
+        )
+        for r in summ.itertuples()
+    ]
+    result = [
+        Panel(pd.DataFrame(rows, columns=COLUMNS), "(a) final held-out pass@1", "mean pass@1 (95 % t)", f"cell ({x})")
+    ]
     if not comp.empty:
-        rows = [_row("b", "bar", f"DPPO − {label(r.arm)}", r.arm, "eval/pass@1 difference", x, r.dose, r.delta, r.lo,
-                     r.hi, int(r.n), step=r.dose) for r in comp.itertuples()]  # fmt: skip
-        refs = [csv_row(panel="b", kind="reference", series=f"margin {s}{margin:g}", run="",
-                        metric="eval/pass@1 difference", x_name="", mean=v * margin, n_seeds=0)
-                for s, v in (("+", 1), ("−", -1))]  # fmt: skip
-        result.append(Panel(pd.DataFrame([*rows, *refs], columns=COLUMNS), "(b) DPPO − each arm, paired by seed",
-                            "Δ pass@1 (95 % t)", f"cell ({x})"))  # fmt: skip
+        rows = [
+            drawn_row(
+                "b",
+                "bar",
+                f"DPPO − {label(r.arm)}",
+                r.arm,
+                "eval/pass@1 difference",
+                x,
+                r.dose,
+                r.delta,
+                r.lo,
+                r.hi,
+                int(r.n),
+                step=r.dose,
+            )
+            for r in comp.itertuples()
+        ]
+        refs = [
+            csv_row(
+                panel="b",
+                kind="reference",
+                series=f"margin {s}{margin:g}",
+                run="",
+                metric="eval/pass@1 difference",
+                x_name="",
+                mean=v * margin,
+                n_seeds=0,
+            )
+            for s, v in (("+", 1), ("−", -1))
+        ]
+        result.append(
+            Panel(
+                pd.DataFrame([*rows, *refs], columns=COLUMNS),
+                "(b) DPPO − each arm, paired by seed",
+                "Δ pass@1 (95 % t)",
+                f"cell ({x})",
+            )
+        )
     if not cost.empty:
-        rows = [_row("c", "bar", label(r.arm), r.arm, "eval/pass@1 difference", x, r.dose, r.cost, r.lo, r.hi,
-                     int(r.n), step=r.dose) for r in cost.itertuples()]  # fmt: skip
-        result.append(Panel(pd.DataFrame(rows, columns=COLUMNS), "(c) the mismatch's cost: M dose − base, paired",
-                            "Δ pass@1 (95 % t)", f"axis M dose ({x})"))  # fmt: skip
+        rows = [
+            drawn_row(
+                "c",
+                "bar",
+                label(r.arm),
+                r.arm,
+                "eval/pass@1 difference",
+                x,
+                r.dose,
+                r.cost,
+                r.lo,
+                r.hi,
+                int(r.n),
+                step=r.dose,
+            )
+            for r in cost.itertuples()
+        ]
+        result.append(
+            Panel(
+                pd.DataFrame(rows, columns=COLUMNS),
+                "(c) the mismatch's cost: M dose − base, paired",
+                "Δ pass@1 (95 % t)",
+                f"axis M dose ({x})",
+            )
+        )
     return result

@@ -6,7 +6,7 @@ The figure's runs are those of experiments/figures.yaml at that scale and seeds 
 applied to every run's config, as for `python -m gspo_study sweep`); each is looked up in MLflow by its
 `run_key` tag and must have finished, or the script stops with a one-line error naming what to train
 (exit 2). The PNG, PDF and CSV are also logged as artifacts of a run named `figure-N` in the runs'
-experiment, tagged `figure=N`, `scale`, `seeds`, `x`. Aggregation and CSV columns: analysis/common.py;
+experiment, tagged `figure=N`, `scale`, `seeds`, `x`. Aggregation and CSV columns: analysis/aggregate.py;
 what each figure shows: docs/FIGURES.md.
 """
 
@@ -18,25 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import (
-    COLUMNS,
-    PASS1,
-    REWARD,
-    MissingRunError,
-    Panel,
-    Study,
-    bars,
-    csv_row,
-    curves,
-    draw,
-    label,
-    load,
-    log_outputs,
-    points,
-    reference,
-    seed_stats,
-)
+from analysis.aggregate import COLUMNS, bars, csv_row, curves, points, reference, seed_stats
+from analysis.drawing import Panel, draw, log_outputs
 from analysis.registry import Drawings
+from analysis.runs import PASS1, REWARD, MissingRunError, Study, label, load
 from gspo_study.archive import draw_notice
 from gspo_study.config import ConfigError
 from gspo_study.run import run_key
@@ -364,14 +349,14 @@ def figure_11(s: Study) -> list[Panel]:
 
 def figure_13(s: Study) -> list[Panel]:
     """The routing frontier, axis V (analysis/frontier.py, experiments/frontier/plan.yaml)."""
-    from analysis.frontier import panels
+    from analysis.frontier_figures import panels
 
     return panels(s, 13)
 
 
 def figure_14(s: Study) -> list[Panel]:
     """The routing frontier, axis M and its control."""
-    from analysis.frontier import panels
+    from analysis.frontier_figures import panels
 
     return panels(s, 14)
 
@@ -405,7 +390,7 @@ def make_figure(
     figure: int, scale: str, seeds: list[int], overrides=(), x: str = "compute", partial: bool = False
 ) -> list[Path]:
     """Draw, save and log figure N; returns the png, pdf and csv paths (`partial`: from the finished runs alone)."""
-    from analysis.common import save
+    from analysis.drawing import save
 
     if figure not in FIGURES:
         raise ConfigError(f"unknown figure {figure}; allowed: {', '.join(map(str, FIGURES))}")

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from analysis.aggregate import mean_ci
 from analysis.collapse import PERSIST, collapse
-from analysis.common import PASS1, REWARD, Study, mean_ci
 from analysis.frontier import (
     BASELINE,
     _plain,
@@ -35,6 +35,7 @@ from analysis.frontier import (
     runs_after_plan,
 )
 from analysis.rules import seeds_needed
+from analysis.runs import PASS1, REWARD, Study
 from analysis.stats import clopper_pearson, fisher_greater, paired_bootstrap
 from gspo_study.paths import EXPERIMENTS
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import PASS1, Study, mean_ci
-from analysis.frontier import PILOT_N, _row, kaplan_meier, pilot_note
+from analysis.aggregate import COLUMNS, PILOT_N, csv_row, drawn_row, mean_ci, pilot_note
+from analysis.drawing import Panel
+from analysis.frontier import kaplan_meier
 from analysis.mechanism import OBJ, _where, comparisons, load_plan, outcomes, summary
+from analysis.runs import PASS1, Study, label
 
 
 def panels(study: Study, plan: dict | None = None, calibration: Path | None = None) -> list:
     """Figures 17 and 19 (the pilot's cells, the decisive stage's): (a) the calibration (routing's share and flips per
     update against σ); (b) what the runs reached; (c) final pass@1 per dose and arm; (d) Δ against GRPO without replay
     with ±δ; (e) share collapsed; (f) the sham and the positive control; (g) time to collapse at the highest dose."""
-    from analysis.common import COLUMNS, Panel, csv_row, label
-
     plan = plan or load_plan()
     out = outcomes(study, plan)
     summ, comp = summary(out), comparisons(out, plan)
@@ -31,7 +31,7 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
     cal["x"] = pd.to_numeric(cal.dose, errors="coerce")
     p = next(letters)
     rows = [
-        _row(
+        drawn_row(
             p,
             "curve",
             {"route_share": "routing's share of Var ℓ", "route_flips": "flips per update"}[r.measure],
@@ -56,7 +56,7 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
     r_cells = summ[summ.kind == "R"]
     p = next(letters)
     rows = [
-        _row(
+        drawn_row(
             p, "point", label(r.arm), r.arm, f"{OBJ}/r2_removed_share", "σ", r.dose, r.share, n=int(r.runs), step=r.dose
         )
         for r in r_cells.itertuples()
@@ -85,7 +85,7 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
     p = next(letters)
     c = comp[comp.kind == "R"]
     rows = [
-        _row(
+        drawn_row(
             p,
             "point",
             label(r.arm),
@@ -121,7 +121,7 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
     if not controls.empty:
         p = next(letters)
         rows = [
-            _row(
+            drawn_row(
                 p,
                 "bar",
                 label(r.arm),
@@ -156,8 +156,6 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
 def _dose_points(t: pd.DataFrame, panel: str, value: str, metric: str) -> pd.DataFrame:
     """Per arm and dose, mean final pass@1 [95 % t] or the share collapsed [exact 95 %]; fewer than 3 seeds: the
     point alone (a t-interval of 2 seeds spans most of [0, 1] and says nothing), its series marked as a pilot's."""
-    from analysis.common import COLUMNS, label
-
     arms = list(dict.fromkeys(t.arm))
     rows = []
     for r in t.itertuples():
@@ -169,14 +167,12 @@ def _dose_points(t: pd.DataFrame, panel: str, value: str, metric: str) -> pd.Dat
             y, lo, hi = r.collapsed / r.runs, r.collapsed_lo, r.collapsed_hi
         if r.runs < PILOT_N and value == "pass":
             lo = hi = math.nan
-        rows.append(_row(panel, "point", label(r.arm), r.arm, metric, "σ", x, y, lo, hi, int(r.runs), step=r.dose))
+        rows.append(drawn_row(panel, "point", label(r.arm), r.arm, metric, "σ", x, y, lo, hi, int(r.runs), step=r.dose))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _survival(out: pd.DataFrame, dose: float, panel: str) -> pd.DataFrame:
     """Kaplan–Meier per arm at one dose, each arm's curve offset by 0.01 so coinciding curves stay visible."""
-    from analysis.common import COLUMNS, label
-
     g = out[(out.kind == "R") & (out.dose == dose)]
     rows = []
     for i, (arm, a) in enumerate(g.groupby("arm", sort=True)):
@@ -185,7 +181,9 @@ def _survival(out: pd.DataFrame, dose: float, panel: str) -> pd.DataFrame:
         xs, ys = np.repeat(xs, 2)[1:], np.repeat(ys, 2)[:-1]
         for xv, yv in zip(xs, ys):
             rows.append(
-                _row(panel, "curve", label(arm), arm, "frontier/survival", "step", xv, yv - 0.01 * i, n=len(a), step=xv)
+                drawn_row(
+                    panel, "curve", label(arm), arm, "frontier/survival", "step", xv, yv - 0.01 * i, n=len(a), step=xv
+                )
             )
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -198,8 +196,6 @@ def frozen_panels(study: Study, plan: dict | None = None) -> list:
     pass@1 per arm; (b) Δ against GRPO without replay, paired, with ±δ; (c) routing drift per update (the share of
     activated experts π_θ's update moved, here through the hidden states alone where the routers are frozen); (d) the
     share of runs collapsed [exact 95 %]."""
-    from analysis.common import COLUMNS, Panel, csv_row, label
-
     plan = plan or load_plan()
     out = outcomes(study, plan)
     if out.empty:
@@ -217,7 +213,7 @@ def frozen_panels(study: Study, plan: dict | None = None) -> list:
         return (lo, hi) if n >= PILOT_N else (math.nan, math.nan)
 
     pass_rows = [
-        _row(
+        drawn_row(
             "a",
             "point",
             label(r.arm),
@@ -233,7 +229,7 @@ def frozen_panels(study: Study, plan: dict | None = None) -> list:
         for r in summ.itertuples()
     ]
     delta_rows = [
-        _row(
+        drawn_row(
             "b",
             "point",
             label(r.arm),
@@ -267,7 +263,7 @@ def frozen_panels(study: Study, plan: dict | None = None) -> list:
         mean, lo, hi, n = mean_ci(g.drift_per_update.dropna())
         if n:
             drift_rows.append(
-                _row(
+                drawn_row(
                     "c",
                     "point",
                     label(arm),
@@ -282,7 +278,7 @@ def frozen_panels(study: Study, plan: dict | None = None) -> list:
                 )
             )
     down_rows = [
-        _row(
+        drawn_row(
             "d",
             "point",
             label(r.arm),

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from analysis.claims import CLAIMS, Claim
-from analysis.common import Study, load, log_outputs
+from analysis.drawing import log_outputs
 from analysis.figures import depth
 from analysis.rules import (
     ALPHA,
@@ -40,6 +40,7 @@ from analysis.rules import (
     Result,
     Verdict,
 )
+from analysis.runs import Study, load
 from analysis.stats import clopper_pearson
 from gspo_study.archive import draw_notice
 from gspo_study.config import ConfigError

@@ -12,7 +12,8 @@ from enum import StrEnum
 
 import pandas as pd
 
-from analysis.common import CONFIDENCE, PASS1, REWARD, Study, label, mean_ci
+from analysis.aggregate import CONFIDENCE, mean_ci
+from analysis.runs import PASS1, REWARD, Study, label
 from analysis.stats import clopper_pearson, fisher_greater, pooled_ratio
 
 MARGIN = 0.05  # δ: the smallest gap in pass@1 or reward a difference row tests for; the no-harm rows' margin

@@ -14,8 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from analysis.common import PASS1, REWARD, load, mean_ci
+from analysis.aggregate import mean_ci
 from analysis.rules import final_pass, gain, training_mean
+from analysis.runs import PASS1, REWARD, load
 from gspo_study.config import ConfigError, load_config
 from gspo_study.run import run_key
 from gspo_study.study import EXPERIMENTS, parse_seeds, scale_base

@@ -269,8 +269,14 @@ def _bulk_metrics(store, run_id: str, metrics: list[dict]) -> None:
     rows, latest, seen = [], {}, set()
     for m in metrics:
         is_nan, value = store.sanitize_metric_value(float(m["value"]))
-        r = dict(run_uuid=run_id, key=m["key"], value=value, timestamp=int(m["timestamp"]), step=int(m["step"]),
-                 is_nan=is_nan)  # fmt: skip
+        r = dict(
+            run_uuid=run_id,
+            key=m["key"],
+            value=value,
+            timestamp=int(m["timestamp"]),
+            step=int(m["step"]),
+            is_nan=is_nan,
+        )
         ident = (r["key"], r["timestamp"], r["step"], r["value"], is_nan)
         if ident in seen:
             continue

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from analysis import dppo
-from analysis.common import PASS1, REWARD, Study, TrackedRun, draw
+from analysis.drawing import draw
+from analysis.runs import PASS1, REWARD, Study, TrackedRun
 from gspo_study.study import figure_configs
 
 PLAN = dppo.load_plan()

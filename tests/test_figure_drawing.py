@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import common, figures
+from analysis import aggregate, drawing, figures
+from analysis.runs import Study, TrackedRun, label
 from gspo_study.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REWARD, PASS1 = "rollout/reward/mean", "eval/pass@1"
 POL, TOTAL, SHARE = "moe/route/pol_var", "moe/route/total_var", "moe/route/r2_removed_share"
 ROUTED = "moe/train_infer_routing/tokens_any_changed"
-# What each quantity can be (docs/METRICS.md), written here rather than read from analysis/common.py: the rule under
+# What each quantity can be (docs/METRICS.md), written here rather than read from analysis/aggregate.py: the rule under
 # test must hold against the definitions, not against the table that implements it.
 RANGES = {
     REWARD: (0.0, 1.0),
@@ -82,16 +83,16 @@ def _frame(runs: tuple[str, ...], metrics: tuple[str, ...]) -> pd.DataFrame:
                     rows += [(run, seed, s, SHARE, 1 - v / total[s]) for s, v in values.items()]
                 rows += [(run, seed, s, metric, v) for s, v in values.items()]
     f = pd.DataFrame(rows, columns=["run", "seed", "step", "metric", "value"])
-    f.insert(1, "label", f.run.map(common.label))
+    f.insert(1, "label", f.run.map(label))
     f.insert(3, "run_id", f.run + "-" + f.seed.astype(str))
     f["flops"] = f.step * 1e10 * (1 + 0.01 * f.run.map(runs.index))  # the arms' x differ a little, as in runs
     return f
 
 
-def _study(tmp_path, runs, metrics) -> common.Study:
+def _study(tmp_path, runs, metrics) -> Study:
     cfg = load_config("experiments/smoke/base.yaml", [f"train.steps={STEPS}", f"eval.every={EVAL_EVERY}"])
-    tracked = [common.TrackedRun(r, s, cfg, f"{r}-{s}", {}) for r in runs for s in SEEDS]
-    return common.Study(tracked, _frame(runs, metrics), "", "synthetic", tmp_path, "compute")
+    tracked = [TrackedRun(r, s, cfg, f"{r}-{s}", {}) for r in runs for s in SEEDS]
+    return Study(tracked, _frame(runs, metrics), "", "synthetic", tmp_path, "compute")
 
 
 LONG_HORIZON = (REWARD, PASS1, "mismatch/k3", "train/grad_norm", POL, TOTAL, ROUTED)
@@ -102,7 +103,7 @@ CORRECTIONS = (REWARD, PASS1, "mismatch/k3", "mismatch/f_tau_2", "correction/mas
 def figure_11(tmp_path_factory):
     study = _study(tmp_path_factory.mktemp("f11"), ARMS, LONG_HORIZON)
     panels = figures.FIGURES[11](study)
-    fig, rows = common.draw(study, 11, "synthetic", panels)
+    fig, rows = drawing.draw(study, 11, "synthetic", panels)
     fig.canvas.draw()
     yield study, fig, rows
     import matplotlib.pyplot as plt
@@ -142,7 +143,7 @@ def test_no_band_leaves_its_quantitys_range(figure_11, tmp_path):
     _, fig, rows = figure_11
     _check_ranges(fig, rows)
     study = _study(tmp_path, ARMS, CORRECTIONS)  # bars: figure 10's panels
-    fig10, rows10 = common.draw(study, 10, "synthetic", figures.FIGURES[10](study))
+    fig10, rows10 = drawing.draw(study, 10, "synthetic", figures.FIGURES[10](study))
     _check_ranges(fig10, rows10)
 
 
@@ -229,6 +230,6 @@ def test_every_shipped_metric_has_a_range():
     metrics = set()
     for path in sorted((ROOT / "results" / "cpu").glob("figure-*.csv")):
         metrics |= set(pd.read_csv(path, usecols=["metric"]).metric)
-    unbounded = sorted(m for m in metrics if common.quantity(m) == common.Quantity())
+    unbounded = sorted(m for m in metrics if aggregate.quantity(m) == aggregate.Quantity())
     assert metrics and not unbounded, unbounded
-    assert common.quantity("no/such_metric") == common.Quantity()  # the check can fail
+    assert aggregate.quantity("no/such_metric") == aggregate.Quantity()  # the check can fail

@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 from scipy import stats
 
-from analysis import common, figures, report
+from analysis import aggregate, figures, report
 from gspo_study.config import ConfigError
 from gspo_study.run import run_key
 from gspo_study.study import figure_configs, run_config, run_figure
@@ -114,7 +114,7 @@ def drawn_values(row, hist, seeds) -> tuple[float, float, float]:
     """(line, band_lower, band_upper) of a CSV row, recomputed: a curve's seeds each smoothed over the row's window
     of centered steps (the mean; the median for a heavy-tailed quantity; a pooled share as 1 − Σ num / Σ den), then
     over seeds the mean and t-interval cut to the quantity's range, or the median and seed range."""
-    q = common.quantity(row.metric)
+    q = aggregate.quantity(row.metric)
     if row.kind in ("reference", "point"):
         return row.mean, math.nan, math.nan
     key = mlflow_key(row.metric)

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import frontier
-from analysis.common import PASS1, REWARD, Study, TrackedRun, draw
+from analysis import frontier, frontier_figures
+from analysis.drawing import draw
+from analysis.runs import PASS1, REWARD, Study, TrackedRun
 from gspo_study.errors import ConfigError
 from gspo_study.study import dropped, figure_configs
 
@@ -106,7 +107,7 @@ def test_figures_13_and_14_draw_in_range(tmp_path):
     pd.DataFrame(rows).to_csv(cal, index=False)
     for figure in (13, 14):
         s = study(figure, no_replay_fails_at_high_drift)
-        panels = frontier.panels(s, figure, PLAN, cal)
+        panels = frontier_figures.panels(s, figure, PLAN, cal)
         fig, drawn = draw(s, figure, "t", panels)
         shares = drawn[drawn.metric.isin([PASS1, "frontier/collapsed", "frontier/survival"])]
         assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
@@ -145,7 +146,7 @@ def test_figure_15_the_decisive_stage():
     top = comp.loc[("V", 300.0, "grpo_r2")]
     assert top.n == 8 and top.reading == "difference" and top.boot_lo > 0 and top.fisher_p < 1e-3
     assert comp.loc[("M", 0.3, "grpo_r3")].reading.startswith("equivalent")  # a per-seed offset shared by both arms
-    panels = frontier.decisive_panels(s, PLAN)
+    panels = frontier_figures.decisive_panels(s, PLAN)
     fig, drawn = draw(s, 15, "t", panels)
     shares = drawn[drawn.metric.isin([PASS1, "frontier/collapsed", "frontier/survival"])]
     assert shares[["line", "band_lower", "band_upper"]].stack().dropna().between(0, 1).all()
@@ -217,7 +218,7 @@ def test_figure_16_the_refinement_follows_its_plan_entry_and_its_reading_can_fai
             "the refinement (figure 16, seeds 3, 4, 5, 6, 7, 8): 36" in text
             and "(figure 16, seeds 3, 4, 5, 6 of" in line
         )
-    panels = frontier.decisive_panels(studies[16], PLAN)
+    panels = frontier_figures.decisive_panels(studies[16], PLAN)
     fig, drawn = draw(studies[16], 16, "t", panels)
     assert set(drawn[drawn.metric == PASS1].step) == {float(d) for d in spec["doses"]}
     # time to collapse at each of the three doses, one line style each (figure 15: its decisive dose alone)

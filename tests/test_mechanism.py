@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from analysis import mechanism, mechanism_figures
-from analysis.common import PASS1, REWARD, Study, TrackedRun, draw
+from analysis.drawing import draw
+from analysis.runs import PASS1, REWARD, Study, TrackedRun
 from gspo_study.study import figure_configs
 
 PLAN = mechanism.load_plan()
@@ -177,7 +178,7 @@ def test_cells(which):
 
 
 def test_a_comparison_never_mixes_numerics_versions():
-    from analysis.common import check_numerics
+    from analysis.runs import check_numerics
     from gspo_study.errors import ConfigError
 
     runs = study(nothing_matters, seeds=[3]).runs

@@ -16,7 +16,6 @@ import pytest
 
 from analysis import claims, report, rules
 from analysis.claims import CLAIMS, Claim
-from analysis.common import PASS1, REWARD, Study, TrackedRun
 from analysis.report import METHOD
 from analysis.rules import (
     WITHIN,
@@ -29,6 +28,7 @@ from analysis.rules import (
     fisher_verdict,
     verdict,
 )
+from analysis.runs import PASS1, REWARD, Study, TrackedRun
 
 ROOT = Path(__file__).resolve().parents[1]
 

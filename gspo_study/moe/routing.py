@@ -341,8 +341,9 @@ class NoisyChoice:
         self, layer: int, router: nn.Module, logits: torch.Tensor, natural: torch.Tensor, bt: tuple[int, int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if bt[0] != len(self.rows):
-            raise RuntimeError(f"noisy_routing: MoE layer {layer} routes {bt[0]} rows, the draw was keyed for "
-                               f"{len(self.rows)}")  # fmt: skip
+            raise RuntimeError(
+                f"noisy_routing: MoE layer {layer} routes {bt[0]} rows, the draw was keyed for {len(self.rows)}"
+            )
         z = self.noise(layer, bt[1], logits.shape[-1]).to(logits.device)
         chooser = z if math.isinf(self.sigma) else logits.float() + self.sigma * z
         ids = torch.topk(chooser, router.top_k, dim=-1).indices
