@@ -29,6 +29,7 @@ from analysis.aggregate import mean_ci
 from analysis.collapse import PERSIST, collapse
 from analysis.frontier import (
     BASELINE,
+    _history,
     _plain,
     plan_commit,
     reading,
@@ -272,6 +273,42 @@ def verdict(summ: pd.DataFrame, comp: pd.DataFrame, plan: dict) -> tuple[str, st
     return "underpowered", "neither reading's conditions hold at the seeds finished"
 
 
+def reading_rule(plan: dict) -> tuple[int, float | None]:
+    """The reading rule in force and the decisive dose, from the plan's history (each entry may set `reading_rule`
+    and `decisive_dose`; the latest wins): rule 1 and no dose before any entry sets them."""
+    rule, dose = 1, None
+    for entry in plan.get("history") or []:
+        rule = int(entry.get("reading_rule", rule))
+        dose = entry.get("decisive_dose", dose)
+    return rule, None if dose is None else float(dose)
+
+
+def decisive_cells(out: pd.DataFrame, plan: dict) -> pd.DataFrame:
+    """Rule 2's scope (plan_r.yaml, history of 2026-12-07): the decisive stage's cells — dose 0 and the decisive dose,
+    the sham at that dose, at the decisive seeds — and the positive control (the detector); empty before a decisive
+    dose is chosen."""
+    _, dose = reading_rule(plan)
+    if dose is None or out.empty:
+        return out.iloc[0:0]
+    seeds = out.seed.isin([int(s) for s in plan["decisive"]["seeds"]])
+    doses = (out.kind == "R") & out.dose.isin([0.0, dose])
+    sham = (out.kind == "sham") & (out.dose == dose)
+    return out[(seeds & (doses | sham)) | (out.kind == "positive")]
+
+
+def readings(out: pd.DataFrame, plan: dict) -> dict[int, tuple[str, str]]:
+    """The plan's reading under each rule version: 1 on every dose pooled (as first coded), 2 on the decisive stage's
+    cells alone (`decisive_cells`)."""
+    found = {1: verdict(summary(out), comparisons(out, plan), plan)}
+    scoped = decisive_cells(out, plan)
+    found[2] = (
+        verdict(summary(scoped), comparisons(scoped, plan), plan)
+        if not scoped.empty
+        else ("not run", "no decisive dose chosen yet")
+    )
+    return found
+
+
 def frozen_reading(comp: pd.DataFrame, plan: dict) -> tuple[str, str]:
     """The frozen stage's reading (plan_r.yaml, history of 2026-12-07): in the frozen-router cell, GRPO + R2 − GRPO
     without replay paired by seed — "R2 matters through hidden-state drift alone" when its 95 % t-interval lies above 0
@@ -401,7 +438,9 @@ def section(
     new = [r.tags.get("git_commit", "") for r in study.runs if r.run_id not in reused]
     early = runs_after_plan(new, commit) if commit != "unknown" and new else []
     check = remedy_check(study, plan)
-    word, why = verdict(summ, comp, plan)
+    rule, dose = reading_rule(plan)
+    by_rule = readings(out, plan)
+    word, why = by_rule[rule]
     frozen = frozen_reading(comp, plan)
     margin, version = float(plan["margin"]), plan["collapse_rule"]["version"]
     lines = [
@@ -426,8 +465,25 @@ def section(
         ),
         f"- applied as planned: primary endpoint final held-out pass@1, δ = {margin:g}, collapse rule version "
         f"{version} (version 2's count beside it), comparisons paired by seed against GRPO without replay",
-        f"- **the plan's reading: {word}** — {why}",
+        f"- **the plan's reading (rule v{rule}"
+        + (
+            f": the decisive stage's cells, dose 0, σ {dose:g} and its sham, seeds "
+            f"{plan['decisive']['seeds'][0]}–{plan['decisive']['seeds'][-1]}"
+            if rule >= 2 and dose is not None
+            else ""
+        )
+        + f"): {word}** — {why}",
+        *(
+            [
+                f"- rule v1 (every dose pooled, pilot's included, as first coded; replaced before any decisive-stage "
+                f"run was read, because with the pilot's 2-seed doses neither reading could be reached — plan_r.yaml "
+                f"history): {by_rule[1][0]} — {by_rule[1][1]}"
+            ]
+            if rule >= 2
+            else []
+        ),
         f"- the frozen router's reading (16 minibatches, routers at lr 0): **{frozen[0]}** — {frozen[1]}",
+        *(f"- plan history, {_history(h)}" for h in plan.get("history") or []),
         "",
         "| cell | arm | reached in the ratio: routing's share of Var ℓ / flips per update (first update) / Var ℓ^pol | "
         "final pass@1 [95 % t] | final reward | collapsed v"
@@ -480,6 +536,8 @@ def section(
             runs_not_after_plan=early,
             reading=word,
             why=why,
+            reading_rule=rule,
+            readings={f"v{v}": {"reading": w, "why": y} for v, (w, y) in by_rule.items()},
             frozen_reading=frozen[0],
             frozen_why=frozen[1],
             remedy_check=check,

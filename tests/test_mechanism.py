@@ -213,3 +213,56 @@ def test_the_frozen_stages_reading_can_be_reached_and_fail():
         out = mechanism.outcomes(s, PLAN)
         assert set(out.kind) == {"frozen", "minibatches"}
         assert mechanism.frozen_reading(mechanism.comparisons(out, PLAN), PLAN)[0] == word
+
+
+def _staged(outcome) -> Study:
+    """The pilot's runs (figure 17, seeds 3-4) and the decisive stage's (figure 19, seeds 3-10), each run once."""
+    from gspo_study.run import run_key
+
+    seen, runs, rows = set(), [], []
+    for figure, seeds in ((17, [3, 4]), (19, list(range(3, 11)))):
+        for run, cfg in figure_configs(figure, "cpu", seeds):
+            if run_key(cfg) in seen:
+                continue
+            seen.add(run_key(cfg))
+            rid = f"s{len(runs)}"
+            runs.append(TrackedRun(run, cfg.seed, cfg, rid, {"git_commit": "0" * 40}))
+            share = min(0.95, 0.25 + 2 * cfg.train.route_noise) if not cfg.train.route_random else 1.0
+            rows += _history(rid, run, cfg.seed, *outcome(cfg, run, cfg.seed), share if run != "grpo_r2" else 0.0)
+    frame = pd.DataFrame(rows, columns=["run", "label", "seed", "run_id", "step", "metric", "value", "flops"])
+    return Study(runs, frame, "sqlite:///unused", "study-cpu", runs[0].cfg.out_dir, "steps")
+
+
+def test_reading_rule_2_reads_the_decisive_cells_and_can_fail():
+    """plan_r.yaml's reading rule v2 (history of 2026-12-07): on the decisive stage's cells. Built so that GRPO without
+    replay falls 0.12 behind at σ 0.3 over 8 seeds while the pilot's 2-seed doses are non-monotone (−0.10 at 0.03,
+    0 at 0.1): rule 1 (every dose pooled) cannot say "R2 matters", rule 2 does. The same deficit under the sham too
+    (noisy routing, not the mismatch) fails rule 2; every arm level at σ 0.3 over 8 seeds reads "does not matter" under
+    rule 2, while rule 1 stays underpowered on the pilot's two noisy seeds."""
+    assert mechanism.reading_rule(PLAN) == (2, 0.3)
+    jitter = {3: -0.01, 4: 0.01, 5: -0.004, 6: 0.004, 7: 0.0, 8: 0.002, 9: -0.002, 10: 0.0}
+
+    def deficit(at_sham: bool):
+        def outcome(cfg, run, seed):
+            t = cfg.train
+            if run == "grpo" and t.route_random:
+                return 200, 0.7
+            behind = {0.03: 0.10, 0.1: 0.0, 0.3: 0.12}.get(t.route_noise, 0.0) if not t.route_sham or at_sham else 0
+            return None, 0.7 + jitter[seed] - (behind if run == "grpo" else 0.0)
+
+        return outcome
+
+    out = mechanism.outcomes(_staged(deficit(False)), PLAN)
+    by = mechanism.readings(out, PLAN)
+    assert by[2][0] == "R2 matters" and by[1][0] != "R2 matters", by
+    assert set(mechanism.decisive_cells(out, PLAN).dose) == {0.0, 0.3, math.inf}
+    assert mechanism.readings(mechanism.outcomes(_staged(deficit(True)), PLAN), PLAN)[2][0] != "R2 matters"
+
+    def level(cfg, run, seed):
+        if run == "grpo" and cfg.train.route_random:
+            return 30, 0.0  # the detector fires
+        noise = cfg.train.route_noise in (0.03, 0.1) and run == "grpo"  # the pilot's doses: two seeds ±0.03 apart
+        return None, 0.7 + jitter[seed] + ((0.03 if seed == 3 else -0.03) if noise else 0.0)
+
+    by = mechanism.readings(mechanism.outcomes(_staged(level), PLAN), PLAN)
+    assert by[2][0] == "R2 does not matter here" and by[1][0] == "underpowered", by
