@@ -301,3 +301,20 @@ def pilot_note(runs) -> str:
     """A panel's title note where some cell has fewer than PILOT_N seeds (drawn as its mean alone)."""
     few = sorted({int(n) for n in runs if n < PILOT_N})
     return f" — pilot, n = {', '.join(map(str, few))}: means only" if few else ""
+
+
+def margin_rows(panel: str, margin: float, metric: str = "eval/pass@1 difference") -> list[dict]:
+    """The ±δ reference lines of a panel of paired differences (what "equivalent within ±δ" is read against)."""
+    return [
+        csv_row(
+            panel=panel,
+            kind="reference",
+            series=f"margin {sign}{margin:g}",
+            run="",
+            metric=metric,
+            x_name="",
+            mean=v * margin,
+            n_seeds=0,
+        )
+        for sign, v in (("+", 1), ("−", -1))
+    ]

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.aggregate import COLUMNS, csv_row, drawn_row, mean_ci
+from analysis.aggregate import COLUMNS, drawn_row, margin_rows, mean_ci
 from analysis.drawing import Panel
 from analysis.frontier import BASELINE, _plain, plan_commit, runs_after_plan
 from analysis.mechanism import run_row, summary
@@ -264,19 +264,7 @@ def panels(study: Study, plan: dict | None = None) -> list:
             )
             for r in comp.itertuples()
         ]
-        refs = [
-            csv_row(
-                panel="b",
-                kind="reference",
-                series=f"margin {s}{margin:g}",
-                run="",
-                metric="eval/pass@1 difference",
-                x_name="",
-                mean=v * margin,
-                n_seeds=0,
-            )
-            for s, v in (("+", 1), ("−", -1))
-        ]
+        refs = margin_rows("b", margin)
         result.append(
             Panel(
                 pd.DataFrame([*rows, *refs], columns=COLUMNS),

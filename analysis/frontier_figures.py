@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import COLUMNS, PILOT_N, csv_row, drawn_row, pilot_note, reference
+from analysis.aggregate import COLUMNS, PILOT_N, csv_row, drawn_row, margin_rows, pilot_note, reference
 from analysis.drawing import Panel
 from analysis.frontier import (
     comparisons,
@@ -308,19 +308,7 @@ def decisive_panels(study: Study, plan: dict | None = None) -> list:
             )
             for r in c.itertuples()
         ]
-        refs = [
-            csv_row(
-                panel=p,
-                kind="reference",
-                series=f"margin {sign}{margin:g}",
-                run="",
-                metric="eval/pass@1 difference",
-                x_name="",
-                mean=v * margin,
-                n_seeds=0,
-            )
-            for sign, v in (("+", 1), ("−", -1))
-        ]
+        refs = margin_rows(p, margin)
         result.append(
             Panel(
                 pd.DataFrame([*rows, *refs], columns=COLUMNS),

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import COLUMNS, PILOT_N, csv_row, drawn_row, mean_ci, pilot_note
+from analysis.aggregate import COLUMNS, PILOT_N, drawn_row, margin_rows, mean_ci, pilot_note
 from analysis.drawing import Panel
 from analysis.frontier import kaplan_meier
 from analysis.mechanism import OBJ, _where, comparisons, load_plan, outcomes, summary
@@ -101,19 +101,7 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
         for r in c.itertuples()
     ]
     margin = float(plan["margin"])
-    refs = [
-        csv_row(
-            panel=p,
-            kind="reference",
-            series=f"margin {s}{margin:g}",
-            run="",
-            metric="eval/pass@1 difference",
-            x_name="",
-            mean=v * margin,
-            n_seeds=0,
-        )
-        for s, v in (("+", 1), ("−", -1))
-    ]
+    refs = margin_rows(p, margin)
     result.append(
         Panel(pd.DataFrame([*rows, *refs], columns=COLUMNS), f"({p}) Δ final pass@1 vs GRPO (paired)", "Δ pass@1", x)
     )
@@ -245,19 +233,7 @@ def frozen_panels(study: Study, plan: dict | None = None) -> list:
         for r in comp.itertuples()
     ]
     margin = float(plan["margin"])
-    refs = [
-        csv_row(
-            panel="b",
-            kind="reference",
-            series=f"margin {s}{margin:g}",
-            run="",
-            metric="eval/pass@1 difference",
-            x_name="",
-            mean=v * margin,
-            n_seeds=0,
-        )
-        for s, v in (("+", 1), ("−", -1))
-    ]
+    refs = margin_rows("b", margin)
     drift_rows = []
     for (kind, arm), g in out.groupby(["kind", "arm"], sort=True):
         mean, lo, hi, n = mean_ci(g.drift_per_update.dropna())
