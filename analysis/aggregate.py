@@ -62,6 +62,10 @@ QUANTITIES = {
     "calibration/per_update": UNIT,  # the frontier's calibration (gspo_study/calibrate.py): shares of choices
     "calibration/flips_per_layer": UNIT,
     "calibration/k3": HEAVY,
+    "calibration/route_share": Quantity(high=1.0),  # axis R's calibration: routing's share of Var ℓ (1 − pol / total)
+    "calibration/route_flips": UNIT,
+    "moe/route_obj/r2_removed_share": Quantity(high=1.0),  # the same share, read in the runs (analysis/mechanism.py)
+    "moe/route_obj/flips": UNIT,
 }
 DIFFERENCE = (" difference", " change")  # "<metric> difference": two values of the metric subtracted
 

@@ -25,6 +25,7 @@ class Panel:
     xlabel: str = ""
     logy: bool = False
     logx: bool = False
+    ylim: tuple[float, float] | None = None  # a share of runs: the whole [0, 1], not zoomed onto its values
 
 
 # One colour per arm in every figure: the algorithm family sets the hue, a run's variant (engine precision,
@@ -283,6 +284,8 @@ def draw(study: Study, figure: int, title: str, panels: list[Panel]):
         if (p.rows.kind == "point").any():
             _label_cells(ax, p.rows[p.rows.kind == "point"])
         _fit_y(ax, p)
+        if p.ylim:
+            ax.set_ylim(*p.ylim)
         if p.logy:
             _plain_log(ax.yaxis)
     entries = _legend(panels, colors, styles)

@@ -13,7 +13,7 @@ import pandas as pd
 from analysis.aggregate import COLUMNS, PILOT_N, drawn_row, margin_rows, mean_ci, pilot_note
 from analysis.drawing import Panel
 from analysis.frontier import kaplan_meier
-from analysis.mechanism import OBJ, _where, comparisons, load_plan, outcomes, summary
+from analysis.mechanism import OBJ, comparisons, load_plan, outcomes, summary
 from analysis.runs import PASS1, Study, label
 
 
@@ -81,7 +81,8 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
     ):
         p = next(letters)
         note = pilot_note(r_cells.runs) if value == "pass" else ""
-        result.append(Panel(_dose_points(r_cells, p, value, metric), f"({p}) {title}{note}", ylabel, x))
+        ylim = SHARE if value == "collapsed" else None
+        result.append(Panel(_dose_points(r_cells, p, value, metric), f"({p}) {title}{note}", ylabel, x, ylim=ylim))
     p = next(letters)
     c = comp[comp.kind == "R"]
     rows = [
@@ -125,8 +126,10 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
             for i, (_, g) in enumerate(controls.groupby(["kind", "dose"], sort=True))
             for r in g.itertuples()
         ]
-        names = " · ".join(f"{i}: {_where(k, d)}" for i, (k, d) in enumerate(controls.groupby(["kind", "dose"]).groups))
-        result.append(Panel(pd.DataFrame(rows, columns=COLUMNS), f"({p}) controls — {names}", "final pass@1", " "))
+        short = {"positive": "random top-k", "sham": "sham σ {:g}"}  # the title must fit the panel
+        cells = controls.groupby(["kind", "dose"]).groups
+        names = " · ".join(f"{i} {short[k].format(d)}" for i, (k, d) in enumerate(cells))
+        result.append(Panel(pd.DataFrame(rows, columns=COLUMNS), f"({p}) controls: {names}", "final pass@1", " "))
     top = max((d for d in r_cells.dose.unique()), default=None)
     if top:
         p = next(letters)
@@ -136,6 +139,7 @@ def panels(study: Study, plan: dict | None = None, calibration: Path | None = No
                 f"({p}) not yet collapsed at σ {top:g} (Kaplan–Meier; arms offset)",
                 "share of runs",
                 "RL step",
+                ylim=SHARE,
             )
         )
     return result
@@ -176,6 +180,7 @@ def _survival(out: pd.DataFrame, dose: float, panel: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+SHARE = (-0.05, 1.05)  # a share of runs is drawn on the whole of [0, 1]
 FROZEN_CELLS = (("frozen", "routers frozen"), ("minibatches", "routers trained"))  # figure 20's two cells, in x order
 
 
@@ -286,5 +291,6 @@ def frozen_panels(study: Study, plan: dict | None = None) -> list:
             f"(d) runs collapsed (rule v{plan['collapse_rule']['version']})",
             "share of runs (exact 95 %)",
             xname,
+            ylim=SHARE,
         ),
     ]
