@@ -296,6 +296,18 @@ def decisive_cells(out: pd.DataFrame, plan: dict) -> pd.DataFrame:
     return out[(seeds & (doses | sham)) | (out.kind == "positive")]
 
 
+def decisive_progress(out: pd.DataFrame, plan: dict) -> tuple[list[int], list[int]]:
+    """(seeds whose every decisive cell has GRPO without replay finished, the plan's decisive seeds)."""
+    _, dose = reading_rule(plan)
+    planned = [int(s) for s in plan["decisive"]["seeds"]]
+    if dose is None or out.empty:
+        return [], planned
+    base = out[out.arm == BASELINE]
+    cells = [("R", 0.0), ("R", dose), ("sham", dose)]
+    have = [set(base[(base.kind == k) & (base.dose == d)].seed) for k, d in cells]
+    return sorted(int(s) for s in set.intersection(*have) if s in planned), planned
+
+
 def readings(out: pd.DataFrame, plan: dict) -> dict[int, tuple[str, str]]:
     """The plan's reading under each rule version: 1 on every dose pooled (as first coded), 2 on the decisive stage's
     cells alone (`decisive_cells`)."""
@@ -441,6 +453,12 @@ def section(
     rule, dose = reading_rule(plan)
     by_rule = readings(out, plan)
     word, why = by_rule[rule]
+    done, planned = decisive_progress(out, plan)
+    interim = (
+        f" (interim: {len(done)} of {len(planned)} decisive seeds finished; the plan reads at all {len(planned)})"
+        if dose is not None and len(done) < len(planned)
+        else ""
+    )
     frozen = frozen_reading(comp, plan)
     margin, version = float(plan["margin"]), plan["collapse_rule"]["version"]
     lines = [
@@ -472,7 +490,7 @@ def section(
             if rule >= 2 and dose is not None
             else ""
         )
-        + f"): {word}** — {why}",
+        + f"): {word}**{interim} — {why}",
         *(
             [
                 f"- rule v1 (every dose pooled, pilot's included, as first coded; replaced before any decisive-stage "
@@ -537,6 +555,9 @@ def section(
             reading=word,
             why=why,
             reading_rule=rule,
+            decisive_seeds_done=done,
+            decisive_seeds_planned=planned,
+            interim=bool(interim),
             readings={f"v{v}": {"reading": w, "why": y} for v, (w, y) in by_rule.items()},
             frozen_reading=frozen[0],
             frozen_why=frozen[1],

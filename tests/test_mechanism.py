@@ -266,3 +266,14 @@ def test_reading_rule_2_reads_the_decisive_cells_and_can_fail():
 
     by = mechanism.readings(mechanism.outcomes(_staged(level), PLAN), PLAN)
     assert by[2][0] == "R2 does not matter here" and by[1][0] == "underpowered", by
+
+
+def test_a_reading_before_the_decisive_stage_is_complete_says_interim():
+    """At 4 of the 8 decisive seeds the section labels the plan's reading interim and names the count."""
+    s = _staged(lambda cfg, run, seed: (None, 0.7))
+    keep = [r for r in s.runs if r.seed <= 6]
+    part = Study(keep, s.frame[s.frame.run_id.isin({r.run_id for r in keep})], s.uri, s.experiment, s.out_dir, s.x)
+    text, records = mechanism.section(part, PLAN)
+    assert "(interim: 4 of 8 decisive seeds finished; the plan reads at all 8)" in text
+    assert records["interim"] and records["decisive_seeds_done"] == [3, 4, 5, 6]
+    assert not mechanism.section(s, PLAN)[1]["interim"]
