@@ -308,10 +308,14 @@ def decisive_progress(out: pd.DataFrame, plan: dict) -> tuple[list[int], list[in
     return sorted(int(s) for s in set.intersection(*have) if s in planned), planned
 
 
-def readings(out: pd.DataFrame, plan: dict) -> dict[int, tuple[str, str]]:
-    """The plan's reading under each rule version: 1 on every dose pooled (as first coded), 2 on the decisive stage's
-    cells alone (`decisive_cells`)."""
-    found = {1: verdict(summary(out), comparisons(out, plan), plan)}
+def readings(
+    out: pd.DataFrame, plan: dict, summ: pd.DataFrame | None = None, comp: pd.DataFrame | None = None
+) -> dict[int, tuple[str, str]]:
+    """The plan's reading under each rule version: 1 on every dose pooled (as first coded; `summ` and `comp` are
+    `out`'s summary and comparisons where the caller has them), 2 on the decisive stage's cells alone
+    (`decisive_cells`)."""
+    summ = summary(out) if summ is None else summ
+    found = {1: verdict(summ, comparisons(out, plan) if comp is None else comp, plan)}
     scoped = decisive_cells(out, plan)
     found[2] = (
         verdict(summary(scoped), comparisons(scoped, plan), plan)
@@ -435,6 +439,44 @@ def _where(kind: str, dose: float) -> str:
     }.get(kind, f"σ {dose:g}")
 
 
+def reading_lines(out: pd.DataFrame, plan: dict, summ: pd.DataFrame, comp: pd.DataFrame) -> tuple[list[str], dict]:
+    """The section's readings as lines and records: the rule in force (interim while the decisive stage is incomplete),
+    rule v1 beside v2, and the frozen router's reading."""
+    rule, dose = reading_rule(plan)
+    by_rule = readings(out, plan, summ, comp)
+    word, why = by_rule[rule]
+    done, planned = decisive_progress(out, plan)
+    interim = dose is not None and len(done) < len(planned)
+    scope, note = "", ""
+    if rule >= 2 and dose is not None:
+        seeds = plan["decisive"]["seeds"]
+        scope = f": the decisive stage's cells, dose 0, σ {dose:g} and its sham, seeds {seeds[0]}–{seeds[-1]}"
+    if interim:
+        n = len(planned)
+        note = f" (interim: {len(done)} of {n} decisive seeds finished; the plan reads at all {n})"
+    lines = [f"- **the plan's reading (rule v{rule}{scope}): {word}**{note} — {why}"]
+    if rule >= 2:
+        lines.append(
+            "- rule v1 (every dose pooled, pilot's included, as first coded; replaced before any decisive-stage run "
+            "was read, because with the pilot's 2-seed doses neither reading could be reached — plan_r.yaml history): "
+            f"{by_rule[1][0]} — {by_rule[1][1]}"
+        )
+    frozen = frozen_reading(comp, plan)
+    lines.append(f"- the frozen router's reading (16 minibatches, routers at lr 0): **{frozen[0]}** — {frozen[1]}")
+    records = dict(
+        reading=word,
+        why=why,
+        reading_rule=rule,
+        decisive_seeds_done=done,
+        decisive_seeds_planned=planned,
+        interim=interim,
+        readings={f"v{v}": {"reading": w, "why": y} for v, (w, y) in by_rule.items()},
+        frozen_reading=frozen[0],
+        frozen_why=frozen[1],
+    )
+    return lines, records
+
+
 def section(
     study: Study, plan: dict | None = None, frontier: list[tuple[Study, pd.DataFrame]] = ()
 ) -> tuple[str, dict]:
@@ -450,16 +492,7 @@ def section(
     new = [r.tags.get("git_commit", "") for r in study.runs if r.run_id not in reused]
     early = runs_after_plan(new, commit) if commit != "unknown" and new else []
     check = remedy_check(study, plan)
-    rule, dose = reading_rule(plan)
-    by_rule = readings(out, plan)
-    word, why = by_rule[rule]
-    done, planned = decisive_progress(out, plan)
-    interim = (
-        f" (interim: {len(done)} of {len(planned)} decisive seeds finished; the plan reads at all {len(planned)})"
-        if dose is not None and len(done) < len(planned)
-        else ""
-    )
-    frozen = frozen_reading(comp, plan)
+    read, read_records = reading_lines(out, plan, summ, comp)
     margin, version = float(plan["margin"]), plan["collapse_rule"]["version"]
     lines = [
         "## Axis R: routing noise inside the ratio, which only R2 removes (figures "
@@ -483,24 +516,7 @@ def section(
         ),
         f"- applied as planned: primary endpoint final held-out pass@1, δ = {margin:g}, collapse rule version "
         f"{version} (version 2's count beside it), comparisons paired by seed against GRPO without replay",
-        f"- **the plan's reading (rule v{rule}"
-        + (
-            f": the decisive stage's cells, dose 0, σ {dose:g} and its sham, seeds "
-            f"{plan['decisive']['seeds'][0]}–{plan['decisive']['seeds'][-1]}"
-            if rule >= 2 and dose is not None
-            else ""
-        )
-        + f"): {word}**{interim} — {why}",
-        *(
-            [
-                f"- rule v1 (every dose pooled, pilot's included, as first coded; replaced before any decisive-stage "
-                f"run was read, because with the pilot's 2-seed doses neither reading could be reached — plan_r.yaml "
-                f"history): {by_rule[1][0]} — {by_rule[1][1]}"
-            ]
-            if rule >= 2
-            else []
-        ),
-        f"- the frozen router's reading (16 minibatches, routers at lr 0): **{frozen[0]}** — {frozen[1]}",
+        *read,
         *(f"- plan history, {_history(h)}" for h in plan.get("history") or []),
         "",
         "| cell | arm | reached in the ratio: routing's share of Var ℓ / flips per update (first update) / Var ℓ^pol | "
@@ -552,15 +568,7 @@ def section(
         dict(
             plan_commit=commit,
             runs_not_after_plan=early,
-            reading=word,
-            why=why,
-            reading_rule=rule,
-            decisive_seeds_done=done,
-            decisive_seeds_planned=planned,
-            interim=bool(interim),
-            readings={f"v{v}": {"reading": w, "why": y} for v, (w, y) in by_rule.items()},
-            frozen_reading=frozen[0],
-            frozen_why=frozen[1],
+            **read_records,
             remedy_check=check,
             summary=summ.to_dict("records"),
             comparisons=comp.to_dict("records"),
