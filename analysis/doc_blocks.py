@@ -83,9 +83,10 @@ def _machine(model: str, flags: str) -> str:
     return f"{short}, {_vector(flags)}" if short else _vector(flags)
 
 
-def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]:
-    """Per figure: its shipped runs, their median wall time (minutes, start to end as MLflow recorded it) and the
-    CPUs they were drawn on (`provenance.cpu`'s model and the vector extensions its `provenance.cpu_flags` name)."""
+def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str, str]]:
+    """Per figure: its shipped runs, their median wall time (minutes, start to end as MLflow recorded it), the
+    CPUs they were drawn on (`provenance.cpu`'s model and the vector extensions its `provenance.cpu_flags` name) and
+    their numerics version(s) (the `numerics` param; runs from before it have none and are version 1)."""
     from gspo_study.run import run_key
     from gspo_study.study import figure_configs, figures, parse_seeds
 
@@ -95,6 +96,7 @@ def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]
     runs["cpu_flags"] = tags.map(lambda t: t.get("provenance.cpu_flags", ""))
     runs["cpu_model"] = tags.map(lambda t: t.get("provenance.cpu", ""))
     runs["minutes"] = (runs.end_time - runs.start_time) / 60_000
+    runs["numerics"] = runs.params.map(lambda p: dict(p).get("numerics", "1"))
     out = {}
     for name in figures():
         n = int(name.removeprefix("figure-"))
@@ -102,7 +104,7 @@ def wall_minutes(results: Path, scale: str) -> dict[int, tuple[int, float, str]]
         mine = runs[runs.key.isin(keys)]
         if len(mine):
             cpu = " + ".join(sorted({_machine(m, f) for m, f in zip(mine.cpu_model, mine.cpu_flags)}))
-            out[n] = (len(mine), float(mine.minutes.median()), cpu)
+            out[n] = (len(mine), float(mine.minutes.median()), cpu, ", ".join(sorted(set(mine.numerics))))
     return out
 
 
@@ -112,7 +114,7 @@ def _figure_1(results: Path, records: dict[int, dict], walls: dict) -> str:
     start, last = p.step.min(), p.step.max()
     at = {s: p[(p.series == s) & (p.step == last)].iloc[0] for s in ("GSPO", "GRPO + R2")}
     cold = p[p.step == start]["mean"].mean()  # every arm's step 0 is the same cold start
-    runs, minutes, cpu = walls[1]
+    runs, minutes, cpu, _ = walls[1]
     seeds = int(at["GSPO"].n_seeds)
     r = records[2]
     d = _primary(r)
@@ -147,7 +149,7 @@ def _figure_4(results: Path) -> str:
 def _results_table(results: Path, records: dict[int, dict], walls: dict) -> str:
     lines = [
         "| figure | what it shows | result at the CPU scale: REPORT.md row (its primary measure; the runs), "
-        "mean ±95 % half-width → verdict | runs, min each |",
+        "mean ±95 % half-width → verdict | runs, min each (CPU; numerics version) |",
         "|---|---|---|---|",
     ]
     for n, fig in FIGURES.items():
@@ -158,9 +160,9 @@ def _results_table(results: Path, records: dict[int, dict], walls: dict) -> str:
             shown += f"; {_other_arms(records[13])}"
         if fig.frontier and (frontier := _frontier_records(results)):
             shown = _frontier_line(n, frontier)
-        runs, minutes, cpu = walls.get(n, (0, float("nan"), ""))
+        runs, minutes, cpu, numerics = walls.get(n, (0, float("nan"), "", ""))
         link = f"[{n}](results/cpu/figure-{n}.png)" if (results / f"figure-{n}.png").is_file() else str(n)
-        wall = f"{runs}, {minutes:.0f} ({cpu})" if runs else "– (no run yet)"
+        wall = f"{runs}, {minutes:.0f} ({cpu}; numerics {numerics})" if runs else "– (no run yet)"
         lines.append(f"| {link} | {fig.what} | {shown or fig.no_claim} | {wall} |")
     return "\n".join(lines) + "\n"
 
